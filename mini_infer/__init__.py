@@ -1,3 +1,34 @@
-"""mini-infer: a continuous-batching LLM inference engine in pure Python and PyTorch."""
+"""mini-infer: a continuous-batching LLM inference engine in pure Python and PyTorch.
 
+The package's import order is the book's table of contents (see the README):
+config, loader, tokenizer (01) -> layers (02) -> model (03) -> kv.block_pool (04) ->
+kv.paged_attention (05) -> sequence, scheduler, model_runner, engine (06, 07) ->
+kv.radix_cache (08) -> sampling (09) -> llm.
+
+    from mini_infer import LLM, SamplingParams
+
+The public names are imported lazily, so that ``import mini_infer.kv.block_pool`` (chapter 04)
+does not pull in the whole engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "__version__"]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from mini_infer.llm import LLM
+    from mini_infer.outputs import RequestOutput
+    from mini_infer.sampling import SamplingParams
+
+_LAZY = {"LLM": "mini_infer.llm", "RequestOutput": "mini_infer.outputs", "SamplingParams": "mini_infer.sampling"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mini_infer' has no attribute {name!r}")

@@ -1,0 +1,73 @@
+"""Choosing the device and the dtype (chapter 02, "numerics").
+
+``device="auto"``: CUDA when present, then Apple's MPS, else the CPU.
+
+``dtype="auto"``: bfloat16 where the hardware computes it natively, float16 on GPUs without
+bf16 (a T4 is Turing: compute capability 7.5), float32 otherwise. On a CPU, bf16 is only fast
+with native bf16 matrix instructions (AVX512-BF16 or AMX on x86, BF16 on Arm); without them
+PyTorch emulates it and float32 is faster, so ``auto`` picks float32 there. float32 is always
+the reference the tests compare against.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device={device!r} is not a device: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine; use device='cpu' or 'auto'")
+    return resolved
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU has bf16 matrix instructions (read from /proc/cpuinfo on Linux)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        flags = cpuinfo.read_text(errors="ignore")
+        return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", " bf16"))
+    return platform.machine() == "arm64" and platform.system() == "Darwin"  # Apple M2 and later
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype={dtype} is not supported: use float32, bfloat16 or float16")
+        return dtype
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not supported: use 'auto', 'float32', 'bfloat16' or 'float16'")
+        return DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32

@@ -1,0 +1,87 @@
+"""Where a model comes from: a short name, a local directory or a Hugging Face hub id (chapter 01).
+
+``resolve_model(name)`` returns a local directory in Hugging Face layout:
+
+1. A short name of a model shipped inside the package (``tiny``, ``tiny-draft``: the small
+   trained pair from the appendix chapter), so that everything works offline.
+2. An existing local directory, used as it is.
+3. Otherwise a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``: taken from the local Hugging Face
+   cache when it is there, else downloaded with ``huggingface_hub`` (only the files the engine
+   reads). When the hub cannot be reached the error says so and how to pass a directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_MODELS_DIR = Path(__file__).resolve().parent / "models"
+SHIPPED_MODELS = {"tiny": "tiny", "tiny-draft": "tiny-draft"}
+
+# Everything mini-infer reads from a checkpoint; nothing else is downloaded.
+_ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model could be neither found locally nor downloaded; the message says what to do."""
+
+
+def resolve_model(model: str | Path) -> Path:
+    """Return the local directory that holds ``model`` (see the module docstring)."""
+    name = str(model)
+    if name in SHIPPED_MODELS:
+        path = PACKAGE_MODELS_DIR / SHIPPED_MODELS[name]
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"the shipped model {name!r} is missing from {path}; reinstall mini-infer or "
+                "rebuild it with scripts/train_tiny_pair.py"
+            )
+        return path
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(f"{path} is a file; pass the directory that holds config.json")
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} has no config.json: it is not a Hugging Face model directory")
+        return path
+    if not _looks_like_hub_id(name):
+        raise ModelNotFoundError(
+            f"{name!r} is neither an existing directory, a shipped model ({', '.join(SHIPPED_MODELS)}) "
+            "nor a hub id of the form 'organisation/model'"
+        )
+    return _download(name)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        # The cache first: no network needed when the model was downloaded before.
+        return Path(snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS))
+    except Exception as exc:  # huggingface_hub raises several types for "offline"
+        raise ModelNotFoundError(
+            f"could not download {repo_id!r} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
+            "The hub may be unreachable from this machine. Download the model elsewhere "
+            f"(`huggingface-cli download {repo_id} --local-dir DIR`) and pass that directory, "
+            "or use the offline model 'tiny'."
+        ) from exc
