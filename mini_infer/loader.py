@@ -140,10 +140,7 @@ def inspect_checkpoint(model_dir: str | Path, config: ModelConfig) -> list[Tenso
             infos[name] = info
     expected = expected_tensors(config)
     for name in list(infos):
-        if name.endswith(_IGNORED_SUFFIXES):
-            del infos[name]
-        # A tied checkpoint may still store lm_head.weight; like transformers, we use the embedding.
-        elif name == "lm_head.weight" and config.tie_word_embeddings:
+        if name.endswith(_IGNORED_SUFFIXES) or name == "lm_head.weight" and config.tie_word_embeddings:
             del infos[name]
     missing = [n for n in expected if n not in infos]
     if missing:

@@ -6,7 +6,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mini_infer.config import ModelConfig
-from mini_infer.loader import CheckpointError, checkpoint_files, expected_tensors, inspect_checkpoint, iter_checkpoint
+from mini_infer.loader import (
+    CheckpointError,
+    checkpoint_files,
+    expected_tensors,
+    inspect_checkpoint,
+    iter_checkpoint,
+)
 from mini_infer.model import Qwen2Model
 
 

@@ -1,0 +1,110 @@
+"""The ``mini-infer`` command line.
+
+    mini-infer generate --model tiny --prompt "What is 2 + 3?" --chat
+    mini-infer random-model OUT_DIR --shape qwen2.5-0.5b
+    mini-infer bench offline            (chapter 06's benchmark, see mini_infer/bench/)
+
+Each subcommand is a thin layer over the package's public API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine's options, shared by every command that builds an engine."""
+    parser.add_argument("--model", default="tiny", help="a local model directory, a hub id, or a shipped model ('tiny')")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: from memory)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "dtype": args.dtype,
+        "device": args.device,
+        "block_size": args.block_size,
+        "num_kv_blocks": args.num_kv_blocks,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "max_model_len": args.max_model_len,
+        "enable_prefix_caching": not args.no_prefix_caching,
+        "seed": args.seed,
+    }
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from mini_infer import LLM, SamplingParams
+
+    llm = LLM(args.model, **engine_kwargs(args))  # type: ignore[arg-type]
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed
+    )
+    prompts = args.prompt or ["What is 12 + 30?"]
+    if args.chat:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs):
+        if args.json:
+            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
+        else:
+            print(f">>> {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}]")
+    return 0
+
+
+def _random_model(args: argparse.Namespace) -> int:
+    from mini_infer.offline_models import write_random_model
+
+    path = write_random_model(args.out, args.shape, seed=args.seed, dtype=args.dtype)
+    print(f"wrote a random-weight {args.shape} model to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mini-infer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text offline")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    gen.set_defaults(func=_generate)
+
+    rnd = sub.add_parser("random-model", help="write a random-weight Qwen2 model directory (offline)")
+    rnd.add_argument("out")
+    rnd.add_argument("--shape", default="qwen2.5-0.5b", help="qwen2.5-0.5b, qwen2.5-1.5b, tiny-test, small-test")
+    rnd.add_argument("--dtype", default="bfloat16")
+    rnd.add_argument("--seed", type=int, default=0)
+    rnd.set_defaults(func=_random_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError, MemoryError) as exc:
+        print(f"mini-infer: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

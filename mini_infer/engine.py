@@ -1,0 +1,301 @@
+"""The engine: one step = schedule, run, sample, update (chapter 06).
+
+``LLMEngine`` owns the model, the KV pool, the scheduler and the sampler. Its step reads like
+its description::
+
+    schedule = scheduler.schedule()                 # who runs, how many tokens each
+    result   = runner.execute(schedule.scheduled)   # one flat forward, logits where we sample
+    tokens   = sampler(result.logits, ...)          # one host sync
+    scheduler.update(...); outputs = self._process(...)   # append, detokenize, stop, free
+
+Requests come in through ``add_request`` (a prompt string or token ids, and ``SamplingParams``);
+``step`` returns a ``RequestOutput`` for every request that progressed (with the new text for
+streaming); ``abort_request`` finishes a request at once and frees its blocks. The offline
+``LLM`` class and the server both drive this same loop.
+
+The KV pool is allocated once, after the weights, from a memory budget (or a block count).
+Invariant, checked by tests after every step: every block is free, or held by running
+sequences and/or the prefix cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from mini_infer.config import ModelConfig
+from mini_infer.device import resolve_device, resolve_dtype
+from mini_infer.kv.block_pool import BlockPool, num_blocks_for
+from mini_infer.kv.paged_attention import PagedKVCache
+from mini_infer.kv.radix_cache import RadixCache
+from mini_infer.model import Qwen2Model
+from mini_infer.model_runner import ModelRunner
+from mini_infer.model_source import resolve_model
+from mini_infer.outputs import RequestOutput, TokenLogprob
+from mini_infer.sampling import Sampler, SamplingParams, StopStringChecker, make_generator
+from mini_infer.scheduler import Scheduler
+from mini_infer.sequence import Sequence
+from mini_infer.tokenizer import IncrementalDetokenizer, Tokenizer
+
+_CPU_KV_BUDGET_BYTES = 2 * 1024**3
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str
+    dtype: str | torch.dtype = "auto"
+    device: str | torch.device = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None  # bytes; None: a budget chosen from the device
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    show_progress: bool = True
+
+    def validate(self) -> None:
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+            raise ValueError(f"num_kv_blocks must be a positive integer or None, got {self.num_kv_blocks!r}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes or None, got {self.kv_cache_memory!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """Per-request output bookkeeping that the scheduler does not need."""
+
+    seq: Sequence
+    prompt: str | None
+    detokenizer: IncrementalDetokenizer
+    stop_checker: StopStringChecker | None
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    num_reported_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        config.validate()
+        self.config = config
+        self.model_dir = resolve_model(config.model)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model_config = ModelConfig.from_model_dir(self.model_dir)
+        self.tokenizer = Tokenizer(self.model_dir)
+        self.model = Qwen2Model.from_pretrained(self.model_dir, self.dtype, self.device, show_progress=config.show_progress)
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
+
+        num_blocks = config.num_kv_blocks or self._blocks_from_memory_budget()
+        self.kv_cache = PagedKVCache(self.model_config, num_blocks, config.block_size, self.dtype, self.device)
+        self.pool = BlockPool(num_blocks, config.block_size)
+        self.prefix_cache = RadixCache(self.pool) if config.enable_prefix_caching else None
+        self.scheduler = Scheduler(
+            self.pool,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+            prefix_cache=self.prefix_cache,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.sampler = Sampler()
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.eos_token_ids = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self._requests: dict[str, _RequestState] = {}
+        self._ids = itertools.count()
+        self._arrivals = itertools.count()
+        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "finished_requests": 0}
+
+    # ----------------------------------------------------------------- memory
+    def _blocks_from_memory_budget(self) -> int:
+        """KV blocks from a memory budget, capped at what max_num_seqs full-length sequences need."""
+        per_block = PagedKVCache.bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+        if self.config.kv_cache_memory is not None:
+            budget = int(self.config.kv_cache_memory)
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            # Leave room for activations of the largest step: logits and MLP dominate.
+            c = self.model_config
+            activations = self.config.max_num_batched_tokens * (c.vocab_size * 4 + c.intermediate_size * 2 * 4 + c.hidden_size * 16)
+            budget = int(free - (1 - self.config.gpu_memory_utilization) * total - activations)
+        else:
+            try:
+                ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                ram = 8 * 1024**3
+            budget = min(_CPU_KV_BUDGET_BYTES, ram // 5)
+        useful = self.config.max_num_seqs * num_blocks_for(self.max_model_len, self.config.block_size)
+        blocks = min(budget // per_block, useful)
+        if blocks < 1:
+            raise MemoryError(
+                f"no memory is left for the KV cache ({budget / 2**20:.0f} MiB after the weights); use a smaller "
+                "model, a lower max_num_batched_tokens, or set num_kv_blocks"
+            )
+        return int(blocks)
+
+    # ----------------------------------------------------------------- requests
+    def add_request(
+        self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            text: str | None = prompt
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            text = None
+            token_ids = [int(t) for t in prompt]
+        if not token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        generator = make_generator(params.seed, self.device) if params.seed is not None else None
+        seq = Sequence(request_id, token_ids, params, arrival=next(self._arrivals), generator=generator)
+        self.scheduler.add(seq)  # raises RequestTooLongError for a request that can never fit
+        stop = StopStringChecker(params.stop, params.include_stop_str_in_output) if params.stop else None
+        self._requests[request_id] = _RequestState(seq, text, IncrementalDetokenizer(self.tokenizer), stop)
+        self.counters["prompt_tokens"] += len(token_ids)
+        return request_id
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish a request now and free its blocks; returns its last output (None if unknown)."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return None
+        self.scheduler.finish(state.seq, "abort")
+        return self._output(state, [])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # ----------------------------------------------------------------- one step
+    def step(self) -> list[RequestOutput]:
+        schedule = self.scheduler.schedule()
+        if schedule.is_empty:
+            return []
+        result = self.runner.execute(schedule.scheduled)
+        sampling = [s for s, rows in zip(schedule.scheduled, result.rows_of) if len(rows)]
+        new_tokens: list[int | None] = [None] * len(schedule.scheduled)
+        sampled_logprobs: list[TokenLogprob | None] = []
+        if sampling:
+            seqs = [s.seq for s in sampling]
+            out = self.sampler(
+                result.logits,
+                [s.params for s in seqs],
+                [s.generator for s in seqs],
+                default_generator=self.generator,
+                prompt_token_ids=[s.prompt_token_ids for s in seqs],
+                output_token_ids=[s.output_token_ids for s in seqs],
+            )
+            out = out.to_host()  # the step's one host sync
+            tokens = out.token_ids.tolist()
+            sampled_logprobs = out.to_token_logprobs(tokens) if out.logprobs is not None else [None] * len(tokens)
+            it = iter(tokens)
+            for i, rows in enumerate(result.rows_of):
+                if len(rows):
+                    new_tokens[i] = next(it)
+        self.scheduler.update(schedule.scheduled, new_tokens)
+        self.counters["steps"] += 1
+
+        outputs = []
+        it_lp = iter(sampled_logprobs)
+        for item, token in zip(schedule.scheduled, new_tokens):
+            if token is None:
+                continue
+            state = self._requests.get(item.seq.request_id)
+            logprob = next(it_lp)
+            if state is None:
+                continue
+            outputs.append(self._append_token(state, token, logprob))
+        return outputs
+
+    def _append_token(self, state: _RequestState, token: int, logprob: TokenLogprob | None) -> RequestOutput:
+        seq, params = state.seq, state.seq.params
+        self.counters["generated_tokens"] += 1
+        if logprob is not None and params.logprobs is not None:
+            state.logprobs = (state.logprobs or []) + [logprob]
+        reason: str | None = None
+        stop_reason: str | int | None = None
+        piece = ""
+        if token in self.eos_token_ids and not params.ignore_eos:
+            reason = "stop"  # EOS ends the turn; its text is not part of the answer
+        elif token in params.stop_token_ids:
+            reason, stop_reason = "stop", token
+        else:
+            piece = state.detokenizer.push([token])
+            if state.stop_checker is not None and piece:
+                piece, hit = state.stop_checker.push(piece)
+                if hit:
+                    reason, stop_reason = "stop", state.stop_checker.matched
+            if reason is None and seq.num_output_tokens >= params.max_tokens:
+                reason = "length"
+        if reason is not None:
+            if not isinstance(stop_reason, str):
+                # Release what was held back: bytes of an unfinished character, and text that
+                # could have been the start of a stop string.
+                tail = state.detokenizer.flush()
+                if state.stop_checker is not None:
+                    tail, _ = state.stop_checker.push(tail) if tail else ("", False)
+                    tail += state.stop_checker.flush()
+                piece += tail
+            seq.stop_reason = stop_reason
+            self.scheduler.finish(seq, reason)
+            self._requests.pop(seq.request_id, None)
+            self.counters["finished_requests"] += 1
+        state.text += piece
+        return self._output(state, [token], piece)
+
+    def _output(self, state: _RequestState, new_tokens: list[int], new_text: str = "") -> RequestOutput:
+        seq = state.seq
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(seq.output_token_ids),
+            text=state.text,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            logprobs=state.logprobs,
+            num_cached_tokens=seq.num_cached_prompt_tokens,
+        )
+
+    # ----------------------------------------------------------------- counters
+    def stats(self) -> dict[str, int]:
+        s = self.scheduler
+        return {
+            "prompt_tokens": self.counters["prompt_tokens"],
+            "generated_tokens": self.counters["generated_tokens"],
+            "num_preemptions": s.num_preemptions,
+            "kv_blocks_total": self.pool.num_blocks,
+            "kv_blocks_free": self.pool.num_free_blocks,
+            "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+            "prefix_cache_query_tokens": s.prefix_cache_query_tokens,
+            "num_running": len(s.running),
+            "num_waiting": len(s.waiting),
+            "steps": self.counters["steps"],
+            "finished_requests": self.counters["finished_requests"],
+        }
+

@@ -1,0 +1,192 @@
+"""Paged attention: K/V stored in 16-token blocks, one flat forward for every kind of step (chapter 05).
+
+The KV cache of every layer lives in one tensor allocated once (``PagedKVCache``), shaped
+``[kv_heads, num_blocks, block_size, head_dim]`` per layer for K and for V. A sequence owns a
+*block table*: its logical block ``i`` (positions ``16 i .. 16 i + 15``) lives in physical block
+``block_table[i]``. Token ``p`` of a sequence therefore lives in slot
+``block_table[p // 16] * 16 + p % 16``: the *slot mapping* of the new tokens tells the cache
+where to write them.
+
+One forward serves a flat batch of ``T`` new tokens from many sequences. ``PagedAttentionMetadata``
+describes it, and is passed explicitly (no global context):
+
+* ``slot_mapping[T]``: where each new token's K and V are written, in every layer;
+* ``prefills``: sequences computed with more than one query (prompt chunks, possibly after a
+  cached prefix); each is attended on its own, causally, with the query offset by the cached
+  context. When a chunk has no cached context it attends over its own fresh K/V directly.
+* a *batched group*: sequences that each bring the same number ``Q`` of new tokens (``Q = 1``:
+  decode; ``Q = k + 1``: speculative verification), attended together in one
+  ``scaled_dot_product_attention`` call over their gathered blocks, with a padding mask.
+
+Tokens are laid out prefills first, then the batched group. The gather of a group reads whole
+blocks (``index_select`` over the block axis), kv-heads outermost so that the gathered tensor is
+already in the ``[kv_heads, batch, context, head_dim]`` order attention wants: no transpose copy.
+
+Invariant: attending through the pool gives the same result as dense causal attention over each
+sequence's full K/V (tests/test_paged_attention.py checks it on ragged batches, chunks that
+start mid-block included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from mini_infer.config import ModelConfig
+from mini_infer.layers import attention
+
+
+class PagedKVCache:
+    """The K and V pools of every layer: ``[layers, kv_heads, num_blocks, block_size, head_dim]``."""
+
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        shape = (config.num_hidden_layers, config.num_key_value_heads, num_blocks, block_size, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes one block costs across all layers, K and V: what a memory budget divides by."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_hidden_layers * config.num_key_value_heads * block_size * config.head_dim * itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    """One sequence attended on its own: ``num_tokens`` new queries at the end of ``context_len``."""
+
+    token_start: int
+    num_tokens: int
+    context_len: int
+    block_table: torch.Tensor | None  # None when the chunk has no cached context to read back
+
+
+@dataclass(slots=True)
+class PagedAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    batch_start: int = 0  # first token of the batched group
+    batch_query_len: int = 1  # Q new tokens per sequence of the group
+    batch_block_tables: torch.Tensor | None = None  # [B, max_blocks] long, padded with block 0
+    batch_mask: torch.Tensor | None = None  # [1, B, Q, max_blocks * block_size] bool, True = attend
+
+    @property
+    def batch_size(self) -> int:
+        return 0 if self.batch_block_tables is None else self.batch_block_tables.shape[0]
+
+
+def build_metadata(
+    *,
+    prefills: Sequence[tuple[int, int, Sequence[int]]],
+    batch: Sequence[tuple[int, Sequence[int]]],
+    batch_query_len: int,
+    block_size: int,
+    device: torch.device | str,
+) -> PagedAttentionMetadata:
+    """Metadata for a flat batch: ``prefills`` then ``batch``.
+
+    ``prefills``: ``(num_new_tokens, context_len, block_table)`` per sequence, where
+    ``context_len`` counts the new tokens too. ``batch``: ``(context_len, block_table)`` per
+    sequence of the batched group, each bringing ``batch_query_len`` new tokens. Everything is
+    assembled in Python lists and sent to the device once.
+    """
+    slots: list[int] = []
+    spans: list[PrefillSpan] = []
+    token = 0
+    for num_new, context_len, table in prefills:
+        for pos in range(context_len - num_new, context_len):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        read_back = context_len > num_new
+        table_tensor = torch.tensor(list(table), dtype=torch.long, device=device) if read_back else None
+        spans.append(PrefillSpan(token, num_new, context_len, table_tensor))
+        token += num_new
+    metadata = PagedAttentionMetadata(slot_mapping=torch.empty(0), prefills=spans, batch_start=token, batch_query_len=batch_query_len)
+    if batch:
+        q = batch_query_len
+        max_blocks = max((ctx + block_size - 1) // block_size for ctx, _ in batch)
+        padded_tables = []
+        context_lens = []
+        for context_len, table in batch:
+            for pos in range(context_len - q, context_len):
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+            used = list(table[: (context_len + block_size - 1) // block_size])
+            padded_tables.append(used + [0] * (max_blocks - len(used)))
+            context_lens.append(context_len)
+        metadata.batch_block_tables = torch.tensor(padded_tables, dtype=torch.long, device=device)
+        ctx = torch.tensor(context_lens, dtype=torch.long, device=device)
+        keys = torch.arange(max_blocks * block_size, device=device)
+        # Query i of a sequence sits at position ctx - q + i and may see keys up to there;
+        # keys past the sequence's own context (padding blocks) are masked out by the same rule.
+        last_visible = ctx[:, None] - q + torch.arange(q, device=device)[None, :]  # [B, Q]
+        metadata.batch_mask = (keys[None, None, :] <= last_visible[:, :, None]).unsqueeze(0)
+    metadata.slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
+    return metadata
+
+
+class PagedAttention:
+    """The attention backend of a paged forward: ``model.forward(ids, positions, PagedAttention(cache, meta))``."""
+
+    def __init__(self, cache: PagedKVCache, metadata: PagedAttentionMetadata) -> None:
+        self.cache = cache
+        self.meta = metadata
+        self._block_of_slot = metadata.slot_mapping // cache.block_size
+        self._offset_of_slot = metadata.slot_mapping % cache.block_size
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [Hkv, blocks, bs, D]
+        # Write every new token's K/V into its slot first: a chunk then reads itself back
+        # through the same blocks as its cached prefix.
+        k_pool[:, self._block_of_slot, self._offset_of_slot] = k.transpose(0, 1)
+        v_pool[:, self._block_of_slot, self._offset_of_slot] = v.transpose(0, 1)
+
+        out = torch.empty_like(q)
+        for span in self.meta.prefills:
+            rows = slice(span.token_start, span.token_start + span.num_tokens)
+            if span.block_table is None:
+                out[rows] = attention(q[rows], k[rows], v[rows], causal=True)
+            else:
+                keys = _gather(k_pool, span.block_table, span.context_len)
+                values = _gather(v_pool, span.block_table, span.context_len)
+                out[rows] = attention(q[rows], keys, values, causal=True)
+        if self.meta.batch_block_tables is not None:
+            out[self.meta.batch_start :] = self._batched(q[self.meta.batch_start :], k_pool, v_pool)
+        return out
+
+    def _batched(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        """Attention for B sequences with Q new tokens each: one SDPA call over their blocks."""
+        tables = self.meta.batch_block_tables
+        assert tables is not None and self.meta.batch_mask is not None
+        batch, max_blocks = tables.shape
+        num_q = self.meta.batch_query_len
+        kv_heads, _, block_size, head_dim = k_pool.shape
+        heads = q.shape[1]
+        group = heads // kv_heads
+        # [Hkv, B * max_blocks, bs, D] -> [Hkv, B, ctx, D], kv-heads outermost: a view, no copy.
+        keys = k_pool.index_select(1, tables.flatten()).view(kv_heads, batch, max_blocks * block_size, head_dim)
+        values = v_pool.index_select(1, tables.flatten()).view(kv_heads, batch, max_blocks * block_size, head_dim)
+        # q: [B*Q, H, D] -> [Hkv, B, g*Q, D]: the g query heads sharing a KV head become rows.
+        qf = q.view(batch, num_q, kv_heads, group, head_dim).permute(2, 0, 3, 1, 4).reshape(kv_heads, batch, group * num_q, head_dim)
+        mask = self.meta.batch_mask  # [1, B, Q, ctx]
+        if group > 1 and num_q > 1:
+            mask = mask.repeat(1, 1, group, 1)
+        out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=mask)
+        # [Hkv, B, g*Q, D] -> [B*Q, H, D]
+        return out.view(kv_heads, batch, group, num_q, head_dim).permute(1, 3, 0, 2, 4).reshape(batch * num_q, heads, head_dim)
+
+
+def _gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """One sequence's first ``context_len`` keys (or values) as ``[context_len, kv_heads, D]``."""
+    kv_heads, _, block_size, head_dim = pool.shape
+    blocks = pool.index_select(1, block_table[: (context_len + block_size - 1) // block_size])
+    return blocks.reshape(kv_heads, -1, head_dim)[:, :context_len].transpose(0, 1)

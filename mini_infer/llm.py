@@ -1,0 +1,158 @@
+"""The offline API: ``LLM(...).generate(prompts, SamplingParams(...))`` (chapters 00 and 06).
+
+The names and defaults are vLLM's, so that code written for vLLM reads the same here::
+
+    from mini_infer import LLM, SamplingParams
+    llm = LLM("tiny")
+    outputs = llm.generate(["What is 2 + 3?"], SamplingParams(max_tokens=16, temperature=0))
+    print(outputs[0].text)
+
+``generate`` submits every prompt to the continuous-batching engine at once and steps it until
+all are done; outputs come back in prompt order. ``stream`` yields one request's outputs as the
+engine produces them (the other requests in flight progress too). ``chat`` applies the model's
+chat template first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from mini_infer.engine import EngineConfig, LLMEngine
+from mini_infer.outputs import RequestOutput
+from mini_infer.sampling import SamplingParams
+from mini_infer.tokenizer import Message
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str | torch.device = "auto",
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_batched_tokens: int = 512,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        show_progress: bool = True,
+    ) -> None:
+        self.engine = LLMEngine(
+            EngineConfig(
+                model=model,
+                dtype=dtype,
+                device=device,
+                block_size=block_size,
+                num_kv_blocks=num_kv_blocks,
+                kv_cache_memory=kv_cache_memory,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                enable_prefix_caching=enable_prefix_caching,
+                seed=seed,
+                show_progress=show_progress,
+            )
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer (``transformers.PreTrainedTokenizerFast``)."""
+        return self.engine.tokenizer.hf
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; one finished ``RequestOutput`` per prompt, in order."""
+        prompt_list = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompt_list))
+        # Validate and submit everything before running anything: a bad prompt fails the call
+        # without leaving half of the batch in the engine.
+        request_ids: list[str] = []
+        try:
+            for prompt, p in zip(prompt_list, params):
+                request_ids.append(self.engine.add_request(prompt, p))
+        except Exception:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            raise
+        finals: dict[str, RequestOutput] = {}
+        wanted = set(request_ids)
+        with tqdm(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm, leave=False) as bar:
+            while len(finals) < len(request_ids):
+                for out in self.engine.step():
+                    if out.finished and out.request_id in wanted:
+                        finals[out.request_id] = out
+                        bar.update(1)
+        return [finals[r] for r in request_ids]
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the chat template to one conversation or a list of them, then ``generate``."""
+        conversations: list[Sequence[Message]]
+        if messages and isinstance(messages[0], dict):
+            conversations = [messages]  # type: ignore[list-item]
+        else:
+            conversations = list(messages)  # type: ignore[arg-type]
+        prompts = [self.engine.tokenizer.apply_chat_template(c, tools=tools) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield this request's outputs step by step; closing the iterator aborts it."""
+        request_id = self.engine.add_request(prompt, sampling_params)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == request_id:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort_request(request_id)
+
+    def stats(self) -> dict[str, int]:
+        """Engine counters: tokens, preemptions, KV blocks, prefix-cache hits, steps."""
+        return self.engine.stats()
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # type: ignore[list-item]  # one prompt given as token ids
+    result: list[Prompt] = []
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) and not (isinstance(p, Sequence) and all(isinstance(t, int) for t in p)):
+            raise TypeError(f"prompt {i} must be a string or a list of token ids, got {type(p).__name__}")
+        result.append(p)
+    return result
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(n)]
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    result = list(params)
+    if len(result) != n:
+        raise ValueError(f"got {len(result)} SamplingParams for {n} prompts: give one, or one per prompt")
+    return result

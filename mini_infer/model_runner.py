@@ -1,0 +1,91 @@
+"""From a schedule to logits: one flat forward per engine step (chapters 05 and 06).
+
+The scheduler says which sequences run and how many new tokens each brings. The runner lays
+those tokens out flat (prefill chunks first, then the batched group of sequences that bring the
+same number of tokens: decodes), builds the paged-attention metadata once for all layers, runs
+the model, and computes logits only where a token will be sampled: the last position of every
+chunk that reaches the end of its sequence (``num_sample_positions`` positions per sequence when
+speculative decoding verifies drafts).
+
+Everything for a step is assembled in Python lists and moved to the device in one go; the only
+host synchronisation of a step is the sampler's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, build_metadata
+from mini_infer.model import Qwen2Model
+from mini_infer.scheduler import ScheduledSequence
+
+
+@dataclass(slots=True)
+class StepResult:
+    logits: torch.Tensor  # [rows, vocab] float32, one row per sampled position
+    rows_of: list[range]  # for each scheduled sequence (schedule order): its rows in ``logits``
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = model.device
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSequence], num_sample_positions: int = 1) -> StepResult:
+        """Run one step. Sequences that sample get ``min(num_sample_positions, new tokens)`` rows."""
+        batch_q = self._batched_query_len(scheduled)
+        prefills = [i for i, s in enumerate(scheduled) if s.num_new_tokens != batch_q]
+        batched = [i for i, s in enumerate(scheduled) if s.num_new_tokens == batch_q]
+        order = prefills + batched
+
+        input_ids: list[int] = []
+        positions: list[int] = []
+        token_start = [0] * len(scheduled)
+        for i in order:
+            s = scheduled[i]
+            start = s.context_len - s.num_new_tokens
+            token_start[i] = len(input_ids)
+            input_ids.extend(s.seq.token_ids[start : s.context_len])
+            positions.extend(range(start, s.context_len))
+
+        metadata = build_metadata(
+            prefills=[(scheduled[i].num_new_tokens, scheduled[i].context_len, scheduled[i].seq.block_table.block_ids) for i in prefills],
+            batch=[(scheduled[i].context_len, scheduled[i].seq.block_table.block_ids) for i in batched],
+            batch_query_len=batch_q,
+            block_size=self.block_size,
+            device=self.device,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model.forward(ids, pos, PagedAttention(self.kv_cache, metadata))
+
+        sample_index: list[int] = []
+        rows_of: list[range] = []
+        for i, s in enumerate(scheduled):
+            if not s.samples:
+                rows_of.append(range(len(sample_index), len(sample_index)))
+                continue
+            k = min(num_sample_positions, s.num_new_tokens)
+            end = token_start[i] + s.num_new_tokens
+            rows_of.append(range(len(sample_index), len(sample_index) + k))
+            sample_index.extend(range(end - k, end))
+        if not sample_index:
+            return StepResult(torch.empty(0, self.model.config.vocab_size, device=self.device), rows_of)
+        index = torch.tensor(sample_index, dtype=torch.long, device=self.device)
+        return StepResult(self.model.compute_logits(hidden.index_select(0, index)), rows_of)
+
+    @staticmethod
+    def _batched_query_len(scheduled: list[ScheduledSequence]) -> int:
+        """The new-token count shared by the most sequences: they are attended as one batch."""
+        counts: dict[int, int] = {}
+        for s in scheduled:
+            counts[s.num_new_tokens] = counts.get(s.num_new_tokens, 0) + 1
+        # Only short, decode-like groups are batched (Q <= 16): a long chunk attends better on
+        # its own, where a chunk with no cached prefix needs no gather at all. 0 = no group.
+        small = [q for q in counts if q <= 16]
+        return max(small, key=lambda q: (counts[q], -q)) if small else 0

@@ -1,0 +1,266 @@
+"""Iteration-level scheduling, chunked prefill and preemption (chapters 06 and 07).
+
+Every engine step the scheduler decides, from scratch, which sequences run and how many new
+tokens each computes, inside a token budget (``max_num_batched_tokens``):
+
+1. **Decodes first.** Every running sequence that has finished its prompt gets its one token.
+   Decode latency is what users feel, so prompts never starve it.
+2. **Then prefill chunks** of running sequences whose prompt is not fully computed yet.
+3. **Then new requests** from the waiting queue, in arrival order, while the budget, the
+   ``max_num_seqs`` bound and the block pool allow. A prompt longer than the remaining budget is
+   cut into chunks (chunked prefill): it is ingested over several steps while decodes flow.
+
+Blocks come from the ``BlockPool`` (chapter 04). When a sequence that is already running needs
+a block and none is free, the scheduler first evicts blocks that only the prefix cache holds
+(chapter 08), then **preempts** the latest-arrived running sequence that has not been scheduled
+this step: its blocks are freed and it goes back to the front of the waiting queue, to be
+recomputed (prompt and generated tokens together) when there is room. Nothing is lost: with
+greedy sampling a preempted request's output is identical to an unpressured run.
+
+Invariants (checked by ``check_invariants`` and asserted by the tests after every step):
+* every block is free, or referenced by running sequences and/or the prefix cache;
+* waiting sequences hold no blocks; running sequences hold exactly the blocks their computed
+  tokens (plus this step's) need;
+* ``len(running) <= max_num_seqs``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from mini_infer.kv.block_pool import BlockPool, num_blocks_for
+from mini_infer.kv.radix_cache import RadixCache
+from mini_infer.sequence import Sequence, SequenceStatus
+
+
+class RequestTooLongError(ValueError):
+    """A request that could never run: longer than the model's context or the whole KV pool."""
+
+
+@dataclass(slots=True)
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int
+    context_len: int  # tokens in the cache once this step has run (computed + new)
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the end of the sequence, so its last logits give the next token."""
+        return self.context_len == len(self.seq.token_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        prefix_cache: RadixCache | None = None,
+    ) -> None:
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.prefix_cache = prefix_cache
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.prefix_cache_hit_tokens = 0
+        self.prefix_cache_query_tokens = 0
+
+    # ----------------------------------------------------------------- admission
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Refuse, at submission, a request that could never run."""
+        total = num_prompt_tokens + max_tokens
+        if total > self.max_model_len:
+            raise RequestTooLongError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the request asks for "
+                f"{total} tokens ({num_prompt_tokens} in the prompt, {max_tokens} to generate); shorten the "
+                "prompt or lower max_tokens"
+            )
+        needed = num_blocks_for(total, self.block_size)
+        if needed > self.pool.num_blocks:
+            raise RequestTooLongError(
+                f"the request needs {needed} KV blocks ({total} tokens) but the whole pool has "
+                f"{self.pool.num_blocks}; give the engine more KV memory (num_kv_blocks) or lower max_tokens"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq.num_prompt_tokens, seq.params.max_tokens)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ----------------------------------------------------------------- one step
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+        self.running.sort(key=lambda s: s.arrival)
+
+        def schedule(seq: Sequence, n: int) -> None:
+            nonlocal budget
+            out.scheduled.append(ScheduledSequence(seq, n, seq.num_computed_tokens + n))
+            scheduled_ids.add(id(seq))
+            budget -= n
+
+        # 1. decodes, 2. prefill chunks of running sequences.
+        for prefilling in (False, True):
+            for seq in list(self.running):
+                if budget == 0:
+                    break
+                if seq.is_prefilling != prefilling or id(seq) in scheduled_ids or seq.status is not SequenceStatus.RUNNING:
+                    continue
+                n = min(seq.num_uncomputed_tokens, budget)
+                if self._reserve(seq, n, out, scheduled_ids):
+                    schedule(seq, n)
+
+        # 3. new requests (and preempted ones, which wait at the front), unless this step preempted.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            if self.prefix_cache is not None:
+                self._match_prefix(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self._grow(seq, seq.num_computed_tokens + n):
+                # No room now: it keeps its place at the head of the queue, holding nothing.
+                self._release_blocks(seq)
+                seq.num_computed_tokens = 0
+                seq.num_blocks_offered = 0
+                break
+            if seq.num_output_tokens == 0 and self.prefix_cache is not None:
+                # Counted once per request, at its first admission (not again after a preemption).
+                self.prefix_cache_query_tokens += seq.num_prompt_tokens
+                self.prefix_cache_hit_tokens += seq.num_computed_tokens
+                seq.num_cached_prompt_tokens = seq.num_computed_tokens
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            schedule(seq, n)
+        return out
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Give ``seq`` blocks for ``num_tokens``, evicting cache-only blocks if that helps."""
+        if seq.block_table.ensure_capacity(self.pool, num_tokens):
+            return True
+        if self.prefix_cache is not None:
+            missing = num_blocks_for(num_tokens, self.block_size) - len(seq.block_table.block_ids) - self.pool.num_free_blocks
+            self.prefix_cache.evict(missing)
+            return seq.block_table.ensure_capacity(self.pool, num_tokens)
+        return False
+
+    def _reserve(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled_ids: set[int]) -> bool:
+        """Blocks for a running sequence's next ``n`` tokens, preempting later arrivals if needed.
+
+        Returns False when ``seq`` itself had to be preempted, or (for a prefill chunk) when it
+        must wait because everything later has already been scheduled this step.
+        """
+        while not self._grow(seq, seq.num_computed_tokens + n):
+            candidates = [s for s in self.running if id(s) not in scheduled_ids]
+            victim = max(candidates, key=lambda s: s.arrival)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release_blocks(seq)
+        seq.num_computed_tokens = 0
+        seq.num_blocks_offered = 0
+        seq.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
+        # Back in arrival order at the front: it was admitted before anything still waiting.
+        index = 0
+        while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:
+            index += 1
+        self.waiting.insert(index, seq)
+
+    def _match_prefix(self, seq: Sequence) -> None:
+        """Start ``seq`` from the longest cached prefix of its tokens (chapter 08)."""
+        assert self.prefix_cache is not None
+        # Never the whole sequence: its last token must be computed to have logits to sample.
+        match = self.prefix_cache.match_prefix(seq.token_ids[:-1])
+        if match.num_tokens:
+            self.pool.fork(match.block_ids)  # the sequence's own reference, so eviction skips them
+            seq.block_table.block_ids = list(match.block_ids)
+            seq.num_computed_tokens = match.num_tokens
+            seq.num_blocks_offered = match.num_tokens // self.block_size  # already in the tree
+
+    # ----------------------------------------------------------------- after the forward
+    def update(self, scheduled: list[ScheduledSequence], new_token_ids: list[int | None]) -> None:
+        """Advance each scheduled sequence; append the sampled token where one was sampled."""
+        for item, token in zip(scheduled, new_token_ids):
+            seq = item.seq
+            seq.num_computed_tokens = item.context_len
+            if token is not None:
+                seq.token_ids.append(token)
+            self._cache_full_blocks(seq)
+
+    def _cache_full_blocks(self, seq: Sequence) -> None:
+        """Offer the sequence's completely computed blocks to the prefix cache."""
+        if self.prefix_cache is None:
+            return
+        full = seq.num_computed_tokens // self.block_size
+        if full > seq.num_blocks_offered:  # only when a block has just been completed
+            self.prefix_cache.insert(seq.token_ids[: full * self.block_size], seq.block_table.block_ids[:full])
+            seq.num_blocks_offered = full
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark ``seq`` finished (stop, length or abort) and give its blocks back."""
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self._release_blocks(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _release_blocks(self, seq: Sequence) -> None:
+        seq.block_table.release(self.pool)
+
+    # ----------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        self.pool.check_invariants()
+        refs: dict[int, int] = {}
+        for seq in self.running:
+            assert seq.status is SequenceStatus.RUNNING, f"{seq.request_id} in running with status {seq.status}"
+            assert len(seq.block_table.block_ids) >= num_blocks_for(seq.num_computed_tokens, self.block_size)
+            for block in seq.block_table.block_ids:
+                refs[block] = refs.get(block, 0) + 1
+        for seq in self.waiting:
+            assert not seq.block_table.block_ids, f"waiting sequence {seq.request_id} holds blocks"
+        cached = set() if self.prefix_cache is None else {b for node in self.prefix_cache.nodes() for b in node.block_ids}
+        for block in range(self.pool.num_blocks):
+            expected = refs.get(block, 0) + (1 if block in cached else 0)
+            assert self.pool.ref_count(block) == expected, (
+                f"block {block}: ref count {self.pool.ref_count(block)}, but sequences and cache hold {expected}"
+            )
+        assert len(self.running) <= self.max_num_seqs

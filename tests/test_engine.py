@@ -1,0 +1,165 @@
+"""The engine against Hugging Face greedy decoding, under every scheduling regime (chapters 06, 07)."""
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mini_infer import LLM, SamplingParams
+from mini_infer.scheduler import RequestTooLongError
+
+MAX_TOKENS = 32
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def _prompts(vocab: int, n: int = 18, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    lengths = [1, 2, 15, 16, 17, 150] + [rng.randint(3, 90) for _ in range(n - 6)]
+    return [[rng.randrange(vocab) for _ in range(length)] for length in lengths]
+
+
+@pytest.fixture(scope="module", params=["tied-gqa2", "untied-gqa4"])
+def case(request, model_dirs):
+    model_dir = model_dirs[request.param]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = _prompts(hf.config.vocab_size)
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        out = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=None
+        )
+        expected.append(out[0, len(prompt) :].tolist())
+    return model_dir, prompts, expected
+
+
+def _run_checked(llm: LLM, prompts, params) -> list:
+    """Drive the engine step by step, checking the block invariants after every step."""
+    engine = llm.engine
+    ids = [engine.add_request(p, params) for p in prompts]
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        engine.scheduler.check_invariants()
+    return [finals[i] for i in ids]
+
+
+def _assert_all_blocks_back(llm: LLM) -> None:
+    engine = llm.engine
+    cached = engine.prefix_cache.num_cached_blocks if engine.prefix_cache else 0
+    assert engine.pool.num_free_blocks + cached == engine.pool.num_blocks
+    if engine.prefix_cache:
+        engine.prefix_cache.reset()
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_greedy_equals_transformers_with_roomy_pool(case, prefix_caching):
+    model_dir, prompts, expected = case
+    llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, enable_prefix_caching=prefix_caching, show_progress=False)
+    outputs = _run_checked(llm, prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == expected
+    assert all(o.finish_reason == "length" for o in outputs)
+    assert llm.stats()["num_preemptions"] == 0
+    _assert_all_blocks_back(llm)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_greedy_unchanged_by_preemption(case, prefix_caching):
+    model_dir, prompts, expected = case
+    # The longest request needs 12 blocks alone; 16 blocks for 18 requests forces preemptions.
+    llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=16, enable_prefix_caching=prefix_caching, show_progress=False)
+    outputs = _run_checked(llm, prompts, GREEDY)
+    assert llm.stats()["num_preemptions"] > 0
+    assert [o.token_ids for o in outputs] == expected
+    _assert_all_blocks_back(llm)
+
+
+def test_greedy_unchanged_by_chunked_prefill(case):
+    model_dir, prompts, expected = case
+    # A budget of 7 tokens chunks every prompt longer than 7, mid-block, over many steps.
+    llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, max_num_batched_tokens=7, max_num_seqs=4, show_progress=False)
+    outputs = _run_checked(llm, prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == expected
+    assert llm.stats()["steps"] > len(prompts) * MAX_TOKENS / 4
+    _assert_all_blocks_back(llm)
+
+
+def test_seeded_sampling_independent_of_the_batch(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=256, show_progress=False)
+    seeded = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    alone = llm.generate([[5, 6, 7, 8]], seeded, use_tqdm=False)[0].token_ids
+    others = [SamplingParams(max_tokens=24, temperature=0.8, ignore_eos=True) for _ in range(7)]
+    prompts = [[9, 10, 11]] * 3 + [[5, 6, 7, 8]] + [[1, 2]] * 4
+    busy = llm.generate(prompts, others[:3] + [seeded] + others[3:], use_tqdm=False)
+    assert busy[3].token_ids == alone
+    # Unseeded rows draw from the engine's generator and are not all identical.
+    assert len({tuple(o.token_ids) for o in busy[:3]}) > 1
+
+
+def test_outputs_in_prompt_order_with_text(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=256, show_progress=False)
+    outs = llm.generate(["hello world", "the cache", "a"], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert [o.prompt for o in outs] == ["hello world", "the cache", "a"]
+    tokenizer = llm.engine.tokenizer
+    for o in outs:
+        assert o.prompt_token_ids == tokenizer.encode(o.prompt)
+        assert o.text == tokenizer.decode(o.token_ids)
+
+
+def test_stop_token_and_eos(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=256, show_progress=False)
+    free_run = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    stop_at = free_run.token_ids[4]
+    first = free_run.token_ids.index(stop_at)
+    out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop_at]), use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_at
+    assert out.token_ids == free_run.token_ids[: first + 1]
+
+
+def test_abort_frees_blocks(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, enable_prefix_caching=False, show_progress=False)
+    engine = llm.engine
+    rid = engine.add_request(list(range(40)), SamplingParams(max_tokens=100, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    assert engine.pool.num_free_blocks < 64
+    out = engine.abort_request(rid)
+    assert out is not None and out.finish_reason == "abort" and out.finished
+    assert engine.pool.num_free_blocks == 64 and not engine.has_unfinished_requests()
+
+
+def test_stream_yields_increments(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
+    pieces = list(llm.stream([1, 2, 3], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)))
+    assert [len(p.new_token_ids) for p in pieces] == [1] * 6
+    assert pieces[-1].finished and pieces[-1].token_ids == sum((p.new_token_ids for p in pieces), [])
+    assert "".join(p.new_text for p in pieces) == pieces[-1].text
+
+
+def test_requests_that_cannot_fit_are_refused(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=4, show_progress=False)
+    with pytest.raises(RequestTooLongError, match="KV blocks"):
+        llm.generate([list(range(60))], SamplingParams(max_tokens=10), use_tqdm=False)
+    with pytest.raises(RequestTooLongError, match="maximum context length is 2048"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5000), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(
+    "prompt, match",
+    [([], "empty"), ([1, 2, 10**6], "outside the vocabulary"), ([[1, 2], 3.5], "prompt 1")],
+)
+def test_bad_prompts_refused(tiny_model_dir, prompt, match):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=16, show_progress=False)
+    with pytest.raises((ValueError, TypeError), match=match):
+        llm.generate(prompt if prompt and isinstance(prompt[0], list) else [prompt], use_tqdm=False)
+
+
+def test_chat_applies_template(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
+    out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)[0]
+    assert out.prompt.endswith("<|im_start|>assistant\n")
