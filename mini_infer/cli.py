@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
     gen.set_defaults(func=_generate)
 
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    offline = bench_sub.add_parser("offline", help="throughput, decode and prefill against transformers and the roofline")
+    from mini_infer.bench import offline as offline_bench
+
+    offline_bench.add_arguments(offline)
+    offline.set_defaults(func=offline_bench.main)
+
     rnd = sub.add_parser("random-model", help="write a random-weight Qwen2 model directory (offline)")
     rnd.add_argument("out")
     rnd.add_argument("--shape", default="qwen2.5-0.5b", help="qwen2.5-0.5b, qwen2.5-1.5b, tiny-test, small-test")

@@ -76,6 +76,15 @@ class EngineConfig:
 
 
 @dataclass(slots=True)
+class StepRecord:
+    """What one step computed, for benchmarks that compare a run with its roofline."""
+
+    num_tokens: int  # new tokens through the model
+    num_logits: int  # rows sampled
+    attended_tokens: int  # sum over new tokens of the context each attended to
+
+
+@dataclass(slots=True)
 class _RequestState:
     """Per-request output bookkeeping that the scheduler does not need."""
 
@@ -121,6 +130,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "finished_requests": 0}
+        self.step_log: list[StepRecord] | None = None  # set to [] to record every step
 
     # ----------------------------------------------------------------- memory
     def _blocks_from_memory_budget(self) -> int:
@@ -216,6 +226,14 @@ class LLMEngine:
                     new_tokens[i] = next(it)
         self.scheduler.update(schedule.scheduled, new_tokens)
         self.counters["steps"] += 1
+        if self.step_log is not None:
+            self.step_log.append(
+                StepRecord(
+                    num_tokens=schedule.num_tokens,
+                    num_logits=len(sampling),
+                    attended_tokens=sum(s.num_new_tokens * s.context_len for s in schedule.scheduled),
+                )
+            )
 
         outputs = []
         it_lp = iter(sampled_logprobs)

@@ -1,0 +1,235 @@
+"""``mini-infer bench offline``: the engine against Hugging Face and the roofline (chapter 06).
+
+Workloads (../shared/BENCHMARKS.md), on a random-weight model at a real Qwen2.5 shape (speed
+does not depend on the weights' values), every figure beside its baseline from the same run:
+
+* **throughput**: N prompts with input lengths uniform in [lo, hi], a fixed number of output
+  tokens each (ignore_eos, greedy). Baseline: ``transformers`` ``generate`` on the same prompts
+  in batches of 16 with left padding. Also: the run's roofline floor, the sum over the engine's
+  actual steps of max(weight bytes / bandwidth, FLOPs / peak), both measured now.
+* **decode**: one prompt of 128 tokens, 128 output tokens; baseline ``generate`` on it.
+* **prefill**: one prompt of 2,048 tokens; baseline one Hugging Face forward on the same ids.
+
+Each timing is the median of ``--repeats`` runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mini_infer.bench.roofline import Roofline, measure
+from mini_infer.device import resolve_device, resolve_dtype
+from mini_infer.llm import LLM
+from mini_infer.sampling import SamplingParams
+
+DEFAULT_CACHE = Path.home() / ".cache" / "mini-infer" / "random-models"
+
+
+def random_model_dir(shape: str, dtype: str, cache_dir: Path = DEFAULT_CACHE) -> Path:
+    """A random-weight model at ``shape``, written once and reused."""
+    from mini_infer.offline_models import write_random_model
+
+    path = cache_dir / f"{shape}-{dtype}"
+    if not (path / "config.json").is_file():
+        print(f"writing a random-weight {shape} model to {path} (once)")
+        write_random_model(path, shape, seed=0, dtype=dtype)
+    return path
+
+
+def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        self.model_dir = Path(args.model) if args.model else random_model_dir(args.shape, dtype_name)
+        rng = random.Random(args.seed)
+        self.llm = LLM(
+            str(self.model_dir),
+            dtype=self.dtype,
+            device=self.device,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            enable_prefix_caching=False,  # random prompts share nothing; keep the comparison plain
+            show_progress=False,
+        )
+        config = self.llm.engine.model_config
+        self.config = config
+        lo, hi = args.input_len
+        self.prompts = [[rng.randrange(config.vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(args.num_prompts)]
+        self._hf: Any = None
+        self.results: dict[str, Any] = {
+            "model": str(self.model_dir),
+            "device": str(self.device),
+            "dtype": dtype_name,
+            "threads": torch.get_num_threads(),
+        }
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @property
+    def hf(self) -> Any:
+        if self._hf is None:
+            from transformers import AutoModelForCausalLM
+
+            self._hf = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype).to(self.device).eval()
+        return self._hf
+
+    def hf_generate(self, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> int:
+        """Greedy ``generate`` in left-padded batches; returns the number of generated tokens."""
+        from transformers import GenerationConfig
+
+        gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+        generated = 0
+        for start in range(0, len(prompts), batch_size):
+            batch = prompts[start : start + batch_size]
+            width = max(map(len, batch))
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=self.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.device)
+            with torch.inference_mode():
+                out = self.hf.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config)
+            generated += (out.shape[1] - width) * len(batch)
+        return generated
+
+    def ours(self, prompts: list[list[int]], max_tokens: int) -> int:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return sum(len(o.token_ids) for o in outputs)
+
+    # ------------------------------------------------------------------ workloads
+    def throughput(self, roofline: Roofline | None) -> dict[str, Any]:
+        a = self.args
+        out_len = a.output_len
+        self.ours(self.prompts[:2], 4)  # warm-up
+        engine = self.llm.engine
+        engine.step_log = []
+        ours_s = _median_time(lambda: self.ours(self.prompts, out_len), a.repeats, self.sync)
+        steps = engine.step_log[: len(engine.step_log) // max(a.repeats, 1)]
+        engine.step_log = None
+        tokens = out_len * len(self.prompts)
+        result: dict[str, Any] = {
+            "num_prompts": len(self.prompts),
+            "input_tokens": sum(map(len, self.prompts)),
+            "output_tokens": tokens,
+            "mini_infer_s": ours_s,
+            "mini_infer_tok_s": tokens / ours_s,
+            "steps": len(steps),
+        }
+        if roofline is not None:
+            itemsize = torch.empty((), dtype=self.dtype).element_size()
+            floor = sum(roofline.step_floor_seconds(self.config, s.num_tokens, s.num_logits, s.attended_tokens // max(s.num_tokens, 1), itemsize) for s in steps)
+            result["roofline_floor_s"] = floor
+            result["fraction_of_roofline"] = floor / ours_s
+        if not a.skip_hf:
+            self.hf_generate(self.prompts[:2], 4, 2)  # warm-up
+            hf_s = _median_time(lambda: self.hf_generate(self.prompts, out_len, a.hf_batch_size), a.hf_repeats, self.sync)
+            result.update({"hf_s": hf_s, "hf_tok_s": tokens / hf_s, "speedup_vs_hf": hf_s / ours_s})
+        return result
+
+    def decode(self) -> dict[str, Any]:
+        a = self.args
+        prompt = [self.prompts[0][i % len(self.prompts[0])] for i in range(128)]
+        n = a.decode_len
+        self.ours([prompt], 4)
+        ours_s = _median_time(lambda: self.ours([prompt], n), a.repeats, self.sync)
+        result: dict[str, Any] = {"prompt_tokens": 128, "output_tokens": n, "mini_infer_tok_s": n / ours_s}
+        if not a.skip_hf:
+            hf_s = _median_time(lambda: self.hf_generate([prompt], n, 1), a.hf_repeats, self.sync)
+            result.update({"hf_tok_s": n / hf_s, "speedup_vs_hf": hf_s / ours_s})
+        return result
+
+    def prefill(self) -> dict[str, Any]:
+        a = self.args
+        rng = random.Random(a.seed + 1)
+        prompt = [rng.randrange(self.config.vocab_size) for _ in range(a.prefill_len)]
+        ours_s = _median_time(lambda: self.ours([prompt], 1), a.repeats, self.sync)
+        result: dict[str, Any] = {"prompt_tokens": len(prompt), "mini_infer_tok_s": len(prompt) / ours_s}
+        if not a.skip_hf:
+            ids = torch.tensor([prompt], device=self.device)
+
+            def forward() -> None:
+                with torch.inference_mode():
+                    self.hf(ids, logits_to_keep=1)
+
+            forward()
+            hf_s = _median_time(forward, a.hf_repeats, self.sync)
+            result.update({"hf_tok_s": len(prompt) / hf_s, "speedup_vs_hf": hf_s / ours_s})
+        return result
+
+    def run(self) -> dict[str, Any]:
+        workloads = self.args.workloads.split(",")
+        roofline = None
+        if "roofline" in workloads or "throughput" in workloads:
+            roofline = measure(self.device, self.dtype)
+            self.results["roofline"] = {
+                "bandwidth_GB_s": roofline.bandwidth_bytes_per_s / 1e9,
+                "peak_TFLOP_s": roofline.peak_flops / 1e12,
+            }
+            print(f"roofline: {roofline.bandwidth_bytes_per_s / 1e9:.1f} GB/s read, {roofline.peak_flops / 1e12:.2f} TFLOP/s ({self.results['dtype']})")
+        for name in workloads:
+            if name == "roofline":
+                continue
+            print(f"running {name} ...", flush=True)
+            self.results[name] = {"throughput": lambda: self.throughput(roofline), "decode": self.decode, "prefill": self.prefill}[name]()
+            print(format_result(name, self.results[name]), flush=True)
+        return self.results
+
+
+def format_result(name: str, r: dict[str, Any]) -> str:
+    parts = [f"{name}: mini-infer {r['mini_infer_tok_s']:.1f} tok/s"]
+    if "hf_tok_s" in r:
+        parts.append(f"transformers {r['hf_tok_s']:.1f} tok/s ({r['speedup_vs_hf']:.2f}x)")
+    if "fraction_of_roofline" in r:
+        parts.append(f"{100 * r['fraction_of_roofline']:.0f}% of roofline ({r['steps']} steps)")
+    return ", ".join(parts)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="a model directory (default: random weights at --shape)")
+    parser.add_argument("--shape", default="qwen2.5-0.5b", help="named shape of the random model")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--workloads", default="throughput,decode,prefill", help="comma-separated: throughput, decode, prefill, roofline")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, nargs=2, default=[64, 512], metavar=("LO", "HI"))
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--decode-len", type=int, default=128)
+    parser.add_argument("--prefill-len", type=int, default=2048)
+    parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of mini-infer per workload (median)")
+    parser.add_argument("--hf-repeats", type=int, default=1, help="timed runs of the baseline per workload (median)")
+    parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the results to this file")
+
+
+def main(args: argparse.Namespace) -> int:
+    results = Bench(args).run()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,87 @@
+"""The machine's roofline, measured in the same run as the benchmark it judges (chapter 06).
+
+Two numbers bound any step of the engine from below:
+
+* memory read bandwidth: a decode step must read every weight once, so it takes at least
+  ``weight bytes / bandwidth``;
+* matrix throughput (bf16 or the model's dtype): a step computing ``T`` tokens does about
+  ``2 * matmul_params * T`` floating-point operations (plus attention), so it takes at least
+  ``FLOPs / peak``.
+
+A step's floor is the larger of the two; a run's floor is the sum over its steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mini_infer.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bandwidth_bytes_per_s: float
+    peak_flops: float
+
+    def step_floor_seconds(self, config: ModelConfig, num_tokens: int, num_logits: int, context_tokens: int, itemsize: int) -> float:
+        """Lower bound for one engine step computing ``num_tokens`` new tokens."""
+        weight_bytes = weight_bytes_read(config, itemsize)
+        flops = step_flops(config, num_tokens, num_logits, context_tokens)
+        return max(weight_bytes / self.bandwidth_bytes_per_s, flops / self.peak_flops)
+
+
+def weight_bytes_read(config: ModelConfig, itemsize: int) -> int:
+    """Bytes of weights a step reads: every layer, the final norm and the LM head (the
+    embedding table is only indexed, a few rows per token)."""
+    h, i = config.hidden_size, config.intermediate_size
+    per_layer = h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * i
+    return (config.num_hidden_layers * per_layer + config.vocab_size * h) * itemsize
+
+
+def step_flops(config: ModelConfig, num_tokens: int, num_logits: int, context_tokens: int) -> float:
+    """Matmul FLOPs of a step: projections and MLP for every new token, the LM head for the
+    sampled rows, and attention (QK^T and PV) over ``context_tokens`` summed over new tokens."""
+    h, i = config.hidden_size, config.intermediate_size
+    per_token = config.num_hidden_layers * 2 * (h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * i)
+    attention = config.num_hidden_layers * 4 * config.num_attention_heads * config.head_dim * context_tokens
+    return per_token * num_tokens + 2 * config.vocab_size * h * num_logits + attention
+
+
+def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Read bandwidth from summing a large tensor (bytes read per second, median of repeats)."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        x.sum()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times[1:])
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Dense ``n x n`` matmul throughput in FLOP/s (median of repeats)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times[1:])
+
+
+def measure(device: torch.device, dtype: torch.dtype) -> Roofline:
+    return Roofline(measure_bandwidth(device), measure_matmul_flops(device, dtype))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
