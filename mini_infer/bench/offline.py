@@ -94,7 +94,9 @@ class Bench:
         if self._hf is None:
             from transformers import AutoModelForCausalLM
 
-            self._hf = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype).to(self.device).eval()
+            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
+            model.to(device=self.device)
+            self._hf = model.eval()
         return self._hf
 
     def hf_generate(self, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> int:
