@@ -94,7 +94,7 @@ class Bench:
         if self._hf is None:
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
+            model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
             model.to(device=self.device)
             self._hf = model.eval()
         return self._hf
