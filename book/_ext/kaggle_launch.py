@@ -1,0 +1,155 @@
+"""Kaggle (and Colab) launch links on every notebook page of the book.
+
+Jupyter Book 1.x has launch buttons for Colab, Binder and JupyterHub but none for Kaggle. Kaggle
+opens any public notebook from a link of the form
+
+    https://kaggle.com/kernels/welcome?src=<URL of the notebook on GitHub>
+
+This extension builds that link from the one repository URL in ``_config.yml``
+(``repository.url``, ``repository.branch``, ``repository.path_to_book``), which Jupyter Book hands
+to the theme as ``html_theme_options``. Nothing is pasted into a notebook. Two places get it:
+
+* the theme's launch menu (the rocket in the page header), next to Colab;
+* a "Run this chapter" line under the title of every ``.ipynb`` page, with Colab and Kaggle links,
+  so the way to run a chapter is visible without opening a menu.
+
+Only ``.ipynb`` pages get links: Colab and Kaggle open notebooks, not Markdown pages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.util import logging
+from sphinx.util.osutil import relative_uri
+
+LOGGER = logging.getLogger(__name__)
+
+KAGGLE_WELCOME = "https://kaggle.com/kernels/welcome?src="
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+def _theme_options(app: Sphinx) -> dict[str, Any]:
+    return dict(app.config.html_theme_options or {})
+
+
+def notebook_path_in_repo(app: Sphinx, docname: str) -> str | None:
+    """The notebook's path relative to the repository root, or None when the page is not a .ipynb."""
+    source = Path(app.env.doc2path(docname))
+    if source.suffix != ".ipynb":
+        return None
+    relative = source.relative_to(Path(app.srcdir)).as_posix()
+    book_dir = str(_theme_options(app).get("path_to_docs", "")).strip("/")
+    return f"{book_dir}/{relative}" if book_dir else relative
+
+
+def github_blob_url(app: Sphinx, path_in_repo: str) -> str | None:
+    options = _theme_options(app)
+    repository = str(options.get("repository_url", "")).rstrip("/")
+    if repository.endswith(".git"):
+        repository = repository[: -len(".git")]
+    if not repository.startswith("https://github.com/"):
+        return None
+    branch = options.get("repository_branch") or "main"
+    return f"{repository}/blob/{branch}/{path_in_repo}"
+
+
+def kaggle_url(blob_url: str) -> str:
+    return KAGGLE_WELCOME + blob_url
+
+
+def colab_url(app: Sphinx, blob_url: str) -> str | None:
+    launch = _theme_options(app).get("launch_buttons", {}) or {}
+    colab = str(launch.get("colab_url", "")).rstrip("/")
+    if not colab:
+        return None
+    return colab + "/github/" + blob_url.removeprefix("https://github.com/")
+
+
+def _links(app: Sphinx, docname: str) -> tuple[str | None, str] | None:
+    """(colab url or None, kaggle url) for a notebook page, None for any other page."""
+    path = notebook_path_in_repo(app, docname)
+    if path is None:
+        return None
+    blob = github_blob_url(app, path)
+    if blob is None:
+        LOGGER.warning(
+            "kaggle_launch: repository.url in _config.yml must be a https://github.com/ URL "
+            "for Colab and Kaggle links",
+            type="kaggle_launch",
+        )
+        return None
+    return colab_url(app, blob), kaggle_url(blob)
+
+
+def add_run_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Insert the "Run this chapter" line right under the page title of a notebook page."""
+    links = _links(app, docname)
+    if links is None:
+        return
+    colab, kaggle = links
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None or not section.children or not isinstance(section[0], nodes.title):
+        return
+    here = app.builder.get_target_uri(docname)
+    parts = ['<p class="mi-run-line"><span class="mi-run-label">Run this chapter:</span>']
+    if colab:
+        logo = relative_uri(here, "_static/images/logo_colab.png")
+        parts.append(
+            f'<a class="mi-run-link mi-colab" href="{colab}" target="_blank" rel="noopener">'
+            f'<img src="{logo}" alt="" class="mi-run-icon">Open in Colab</a>'
+        )
+    parts.append(
+        f'<a class="mi-run-link mi-kaggle" href="{kaggle}" target="_blank" rel="noopener">'
+        f'<i class="fab fa-kaggle" aria-hidden="true"></i> Open in Kaggle</a>'
+    )
+    parts.append("</p>")
+    section.insert(1, nodes.raw("", "".join(parts), format="html"))
+
+
+def add_launch_menu_entry(
+    app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
+) -> None:
+    """Append Kaggle to the theme's launch menu (sphinx-book-theme builds it at priority 501)."""
+    if pagename not in app.env.all_docs:
+        return
+    links = _links(app, pagename)
+    if links is None:
+        return
+    _, kaggle = links
+    buttons = context.setdefault("header_buttons", [])
+    group = next((b for b in buttons if b.get("label") == "launch-buttons"), None)
+    if group is None:
+        group = {
+            "type": "group",
+            "tooltip": "Launch interactive content",
+            "icon": "fas fa-rocket",
+            "buttons": [],
+            "label": "launch-buttons",
+        }
+        buttons.append(group)
+    group["buttons"].append(
+        {
+            "type": "link",
+            "text": "Kaggle",
+            "tooltip": "Launch on Kaggle",
+            "icon": "fab fa-kaggle",
+            "url": kaggle,
+            "label": "kaggle-launch-button",
+        }
+    )
+
+
+def _add_static_path(app: Sphinx, config: Any) -> None:
+    config.html_static_path.append(str(STATIC_DIR))
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("config-inited", _add_static_path)
+    app.add_css_file("kaggle_launch.css")
+    app.connect("doctree-resolved", add_run_line)
+    app.connect("html-page-context", add_launch_menu_entry, priority=510)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,222 @@
+"""What every chapter's first cell calls: where am I, on what device, with which model (chapter 00).
+
+Every notebook of the book starts with the same cell (``first_cell()`` renders it; the book's
+contributing page shows it; ``tests/test_notebook_env.py`` checks every notebook against it)::
+
+    # Setup: installs mini-infer when missing (Colab, Kaggle), then picks the device and a model.
+    try:
+        import mini_infer
+    except ImportError:
+        %pip install -q "mini-infer[notebook] @ git+<repository url from _config.yml>"
+    from mini_infer.notebook_env import setup
+    env = setup()
+
+``setup()`` answers the questions that let one notebook run unchanged on Colab, Kaggle, a laptop
+and CI, and makes the rest of the notebook reproducible:
+
+* ``platform``: ``"colab"``, ``"kaggle"`` or ``"local"`` (read from the environment variables
+  those services set);
+* ``device`` and ``dtype``: the engine's own ``"auto"`` rules (``mini_infer.device``);
+* ``online``: whether huggingface.co answers within about two seconds. ``HF_HUB_OFFLINE=1`` (or
+  ``TRANSFORMERS_OFFLINE=1``) means offline without trying; CI sets it so that notebooks
+  produce the same outputs everywhere;
+* ``model``: the hub id a chapter asks for with ``setup(prefer_real_model="Qwen/...")`` when the
+  hub is reachable, else ``"tiny"``, the small trained model shipped inside the package. The
+  environment variable ``MINI_INFER_MODEL`` overrides both (a hub id, a local directory or a
+  shipped name).
+
+It also seeds ``random``, NumPy and torch, sets the book's matplotlib defaults and prints one
+summary line. ``show_source(obj)`` displays the package's real source of a function, class or
+module in a notebook: chapters show the code that runs, never a copy that can drift.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random
+import re
+import sys
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OFFLINE_MODEL = "tiny"
+HUB_TIMEOUT_S = 2.0
+KAGGLE_WORKING_DIR = Path("/kaggle/working")
+
+FIRST_CELL_TEMPLATE = """\
+# Setup: installs mini-infer when missing (Colab, Kaggle), then picks the device and a model.
+try:
+    import mini_infer
+except ImportError:
+    %pip install -q "mini-infer[notebook] @ git+{repository_url}"
+from mini_infer.notebook_env import setup
+env = setup({arguments})"""
+
+
+def first_cell(repository_url: str, arguments: str = "") -> str:
+    """The canonical first cell of a chapter; ``arguments`` go into ``setup(...)``."""
+    return FIRST_CELL_TEMPLATE.format(repository_url=repository_url.rstrip("/"), arguments=arguments)
+
+
+@dataclass(frozen=True)
+class NotebookEnv:
+    platform: str  # "colab" | "kaggle" | "local"
+    device: str  # "cuda" | "mps" | "cpu"
+    dtype: str  # "bfloat16" | "float16" | "float32": what dtype="auto" picks on this device
+    online: bool  # huggingface.co reachable (and not switched off with HF_HUB_OFFLINE=1)
+    model: str  # what the chapter should pass to mini_infer.LLM(...)
+    seed: int
+
+    def summary(self) -> str:
+        from mini_infer import __version__
+
+        network = "online" if self.online else "offline"
+        return (
+            f"mini-infer {__version__} | {self.platform} | device={self.device} dtype={self.dtype} | "
+            f"{network} | model={self.model} | seed={self.seed}"
+        )
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def detect_platform() -> str:
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or "KAGGLE_URL_BASE" in os.environ:
+        return "kaggle"
+    if KAGGLE_WORKING_DIR.is_dir():
+        return "kaggle"
+    return "local"
+
+
+def hub_offline_requested() -> bool:
+    return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE")
+
+
+def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
+    """True when the Hugging Face hub answers an HTTP request within ``timeout`` seconds.
+
+    Any HTTP answer counts, even an error status: the question is whether a download could
+    start, not whether this URL exists. The request runs in a daemon thread so that a slow DNS
+    lookup, which a socket timeout does not cover, cannot hold the notebook up either.
+    """
+    if hub_offline_requested():
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    answered: list[bool] = []
+
+    def probe() -> None:
+        request = urllib.request.Request(endpoint, method="HEAD", headers={"User-Agent": "mini-infer"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout):
+                answered.append(True)
+        except urllib.error.HTTPError:
+            answered.append(True)
+        except (OSError, ValueError):
+            answered.append(False)
+
+    thread = threading.Thread(target=probe, name="mini-infer-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(answered and answered[0])
+
+
+def choose_model(prefer_real_model: str | None, online: bool) -> str:
+    override = os.environ.get("MINI_INFER_MODEL", "").strip()
+    if override:
+        return override
+    if prefer_real_model and online:
+        return prefer_real_model
+    return OFFLINE_MODEL
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+    try:
+        import numpy as np
+    except ImportError:
+        return
+    np.random.seed(seed)
+
+
+def style_matplotlib() -> None:
+    """The book's figure defaults; a no-op where matplotlib is not installed."""
+    try:
+        import matplotlib as mpl
+        import matplotlib.pyplot  # noqa: F401  (activates the notebook backend before we set rcParams)
+    except ImportError:
+        return
+    mpl.rcParams.update(
+        {
+            "figure.figsize": (7.0, 3.5),
+            "figure.dpi": 100,
+            "savefig.dpi": 100,
+            "figure.constrained_layout.use": True,
+            "font.size": 10,
+            "axes.titlesize": "medium",
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "legend.frameon": False,
+        }
+    )
+
+
+def setup(prefer_real_model: str | None = None, *, seed: int = 0) -> NotebookEnv:
+    """Detect platform, device and network; choose a model; seed; style figures; print one line.
+
+    ``prefer_real_model``: a hub id (e.g. ``"Qwen/Qwen2.5-0.5B-Instruct"``) the chapter would
+    rather use when the hub is reachable; offline, the chapter gets ``"tiny"`` instead, so every
+    chapter must also make sense with the tiny model.
+    """
+    from mini_infer.device import resolve_device, resolve_dtype
+
+    device = resolve_device("auto")
+    dtype = resolve_dtype("auto", device)
+    online = hub_reachable()
+    env = NotebookEnv(
+        platform=detect_platform(),
+        device=device.type,
+        dtype=str(dtype).removeprefix("torch."),
+        online=online,
+        model=choose_model(prefer_real_model, online),
+        seed=seed,
+    )
+    seed_everything(seed)
+    style_matplotlib()
+    print(env.summary())
+    return env
+
+
+@dataclass(frozen=True)
+class SourceCode:
+    """Source text that notebooks render as a highlighted Python block (and text as itself)."""
+
+    text: str
+
+    def _repr_markdown_(self) -> str:
+        longest_run = max((len(run) for run in re.findall(r"`+", self.text)), default=0)
+        fence = "`" * max(3, longest_run + 1)
+        return f"{fence}python\n{self.text}\n{fence}"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def show_source(obj: Any) -> SourceCode:
+    """The package's real source of ``obj`` (function, class or module), for a notebook to show.
+
+    Jupyter, Colab, Kaggle, GitHub and the book's website render it as a highlighted code block.
+    """
+    return SourceCode(inspect.getsource(obj).rstrip("\n"))

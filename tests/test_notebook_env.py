@@ -1,0 +1,210 @@
+"""The chapters' first cell and ``mini_infer.notebook_env.setup()`` (chapter 00).
+
+* Every notebook's first code cell is the canonical one (``first_cell()``), and its install URL
+  is ``repository.url`` from ``_config.yml``, the one place that names the repository; the
+  contributing guide shows the same cell.
+* ``setup()`` works offline: the network check is monkeypatched, never performed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import yaml
+
+from mini_infer import notebook_env
+from mini_infer.notebook_env import NotebookEnv, first_cell, setup, show_source
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
+PLATFORM_VARIABLES = ["COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_URL_BASE"]
+
+
+def repository_url() -> str:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return str(config["repository"]["url"]).rstrip("/")
+
+
+# --- the first cell of every chapter ---------------------------------------------------------
+
+
+def test_there_are_notebooks() -> None:
+    assert NOTEBOOKS, "notebooks/ holds no chapter"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_code_cell_is_the_canonical_setup_cell(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    code_positions = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    assert code_positions, f"{path.name} has no code cell"
+    first = code_positions[0]
+    assert first <= 1, f"{path.name}: only a title Markdown cell may come before the setup cell"
+    source = nb.cells[first].source
+    # The only freedom: the arguments of setup(...), e.g. prefer_real_model="Qwen/...".
+    match = re.search(r"^env = setup\((.*)\)$", source, flags=re.MULTILINE)
+    assert match, f"{path.name}: the first code cell must end with env = setup(...)"
+    expected = first_cell(repository_url(), arguments=match.group(1))
+    assert source == expected, (
+        f"{path.name}: the first code cell differs from the canonical setup cell "
+        f"(install URL from _config.yml: {repository_url()}).\nExpected:\n{expected}\n\nFound:\n{source}"
+    )
+
+
+def test_install_url_in_first_cell_is_the_config_repository() -> None:
+    assert f'git+{repository_url()}"' in first_cell(repository_url())
+
+
+def test_contributing_guide_shows_the_canonical_cell() -> None:
+    guide = (ROOT / "book" / "contributing.md").read_text(encoding="utf-8")
+    assert first_cell(repository_url()) in guide, "book/contributing.md must show first_cell() exactly"
+
+
+# --- setup() ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in [*PLATFORM_VARIABLES, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MINI_INFER_MODEL"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(notebook_env, "KAGGLE_WORKING_DIR", Path("/nonexistent/kaggle/working"))
+    return monkeypatch
+
+
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(notebook_env, "hub_reachable", lambda timeout=2.0: False)
+
+
+def online(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(notebook_env, "hub_reachable", lambda timeout=2.0: True)
+
+
+def test_setup_offline_uses_the_tiny_model(clean_environment: pytest.MonkeyPatch, capsys) -> None:
+    offline(clean_environment)
+    env = setup(prefer_real_model="Qwen/Qwen2.5-0.5B-Instruct")
+    assert isinstance(env, NotebookEnv)
+    assert env.online is False
+    assert env.model == "tiny"
+    assert env.platform == "local"
+    assert env.device in {"cuda", "mps", "cpu"}
+    assert env.dtype in {"float32", "bfloat16", "float16"}
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed == [env.summary()], "setup() prints exactly one summary line"
+    assert "offline" in printed[0] and "model=tiny" in printed[0]
+
+
+def test_setup_online_uses_the_model_the_chapter_asks_for(clean_environment: pytest.MonkeyPatch) -> None:
+    online(clean_environment)
+    assert setup(prefer_real_model="Qwen/Qwen2.5-0.5B-Instruct").model == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert setup().model == "tiny", "without a request, the tiny model even when online"
+
+
+def test_model_override_from_the_environment(clean_environment: pytest.MonkeyPatch) -> None:
+    offline(clean_environment)
+    clean_environment.setenv("MINI_INFER_MODEL", "/models/my-qwen")
+    assert setup(prefer_real_model="Qwen/Qwen2.5-0.5B-Instruct").model == "/models/my-qwen"
+
+
+def test_hf_hub_offline_means_offline_without_trying(clean_environment: pytest.MonkeyPatch) -> None:
+    clean_environment.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("HF_HUB_OFFLINE=1 must not touch the network")
+
+    clean_environment.setattr(notebook_env.urllib.request, "urlopen", no_network)
+    assert notebook_env.hub_reachable() is False
+    assert setup(prefer_real_model="Qwen/Qwen2.5-0.5B-Instruct").model == "tiny"
+
+
+def test_hub_probe_counts_any_http_answer_and_no_answer(clean_environment: pytest.MonkeyPatch) -> None:
+    import email.message
+    import urllib.error
+
+    def http_error(request, timeout):
+        raise urllib.error.HTTPError(request.full_url, 403, "Forbidden", email.message.Message(), None)
+
+    def unreachable(request, timeout):
+        raise urllib.error.URLError("no route to host")
+
+    clean_environment.setattr(notebook_env.urllib.request, "urlopen", http_error)
+    assert notebook_env.hub_reachable(timeout=1.0) is True
+    clean_environment.setattr(notebook_env.urllib.request, "urlopen", unreachable)
+    assert notebook_env.hub_reachable(timeout=1.0) is False
+
+
+def test_hub_probe_gives_up_after_its_timeout(clean_environment: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def hangs(request, timeout):
+        release.wait(5)
+        raise OSError("too late")
+
+    clean_environment.setattr(notebook_env.urllib.request, "urlopen", hangs)
+    start = time.perf_counter()
+    try:
+        assert notebook_env.hub_reachable(timeout=0.2) is False
+        assert time.perf_counter() - start < 2.0
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize(
+    ("variable", "platform"),
+    [("COLAB_RELEASE_TAG", "colab"), ("KAGGLE_KERNEL_RUN_TYPE", "kaggle"), (None, "local")],
+)
+def test_platform_detection(
+    clean_environment: pytest.MonkeyPatch, variable: str | None, platform: str
+) -> None:
+    offline(clean_environment)
+    if variable is not None:
+        clean_environment.setenv(variable, "1")
+    assert setup().platform == platform
+
+
+def test_setup_seeds_everything(clean_environment: pytest.MonkeyPatch) -> None:
+    offline(clean_environment)
+    setup(seed=7)
+    first = (random.random(), torch.rand(3))
+    setup(seed=7)
+    second = (random.random(), torch.rand(3))
+    assert first[0] == second[0]
+    assert torch.equal(first[1], second[1])
+    assert setup(seed=7).seed == 7
+
+
+def test_setup_sets_the_book_figure_style(clean_environment: pytest.MonkeyPatch) -> None:
+    mpl = pytest.importorskip("matplotlib")
+    offline(clean_environment)
+    mpl.rcParams["axes.spines.top"] = True
+    setup()
+    assert mpl.rcParams["axes.spines.top"] is False
+    assert tuple(mpl.rcParams["figure.figsize"]) == (7.0, 3.5)
+
+
+def test_dtype_string_matches_the_engine_auto_rule(clean_environment: pytest.MonkeyPatch) -> None:
+    from mini_infer.device import resolve_device, resolve_dtype
+
+    offline(clean_environment)
+    env = setup()
+    device = resolve_device("auto")
+    assert env.device == device.type
+    assert env.dtype == str(resolve_dtype("auto", device)).removeprefix("torch.")
+
+
+def test_show_source_is_the_real_source() -> None:
+    shown = show_source(notebook_env.choose_model)
+    assert repr(shown).startswith("def choose_model(")
+    markdown = shown._repr_markdown_()
+    assert markdown.startswith("```python\ndef choose_model(") and markdown.endswith("\n```")
+
+
+def test_show_source_fence_outlasts_backticks_in_the_source() -> None:
+    shown = notebook_env.SourceCode("x = '````'")
+    assert shown._repr_markdown_().startswith("`````python\n")
