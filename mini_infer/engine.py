@@ -209,13 +209,16 @@ class LLMEngine:
         sampled_logprobs: list[TokenLogprob | None] = []
         if sampling:
             seqs = [s.seq for s in sampling]
+            # Token histories are only gathered when a request uses penalties: the common case
+            # stays free of per-step work proportional to sequence length.
+            penalties = any(s.params.needs_penalties for s in seqs)
             out = self.sampler(
                 result.logits,
                 [s.params for s in seqs],
                 [s.generator for s in seqs],
                 default_generator=self.generator,
-                prompt_token_ids=[s.prompt_token_ids for s in seqs],
-                output_token_ids=[s.output_token_ids for s in seqs],
+                prompt_token_ids=[s.prompt_token_ids for s in seqs] if penalties else None,
+                output_token_ids=[s.output_token_ids for s in seqs] if penalties else None,
             )
             out = out.to_host()  # the step's one host sync
             tokens = out.token_ids.tolist()
@@ -251,7 +254,9 @@ class LLMEngine:
         seq, params = state.seq, state.seq.params
         self.counters["generated_tokens"] += 1
         if logprob is not None and params.logprobs is not None:
-            state.logprobs = (state.logprobs or []) + [logprob]
+            if state.logprobs is None:
+                state.logprobs = []
+            state.logprobs.append(logprob)
         reason: str | None = None
         stop_reason: str | int | None = None
         piece = ""
@@ -296,7 +301,7 @@ class LLMEngine:
             stop_reason=seq.stop_reason,
             new_token_ids=new_tokens,
             new_text=new_text,
-            logprobs=state.logprobs,
+            logprobs=None if state.logprobs is None else list(state.logprobs),
             num_cached_tokens=seq.num_cached_prompt_tokens,
         )
 
