@@ -1,0 +1,42 @@
+"""The command line, end to end on small random models (no timing is asserted anywhere)."""
+
+import json
+
+from mini_infer.cli import main
+
+
+def test_generate_prints_json(tiny_model_dir, capsys):
+    code = main(["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--prompt", "hello", "--prompt", "world",
+                 "--max-tokens", "5", "--json", "--num-kv-blocks", "32"])
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["prompt"] for line in lines] == ["hello", "world"]
+    assert all(len(line["token_ids"]) <= 5 and line["finish_reason"] in ("stop", "length") for line in lines)
+
+
+def test_generate_reports_bad_input_without_traceback(tiny_model_dir, capsys):
+    code = main(["generate", "--model", str(tiny_model_dir), "--prompt", "x", "--max-tokens", "0"])
+    assert code == 2
+    assert "max_tokens" in capsys.readouterr().err
+
+
+def test_missing_model_is_a_clear_error(tmp_path, capsys):
+    assert main(["generate", "--model", str(tmp_path / "nope")]) == 2
+    assert "neither an existing directory" in capsys.readouterr().err
+
+
+def test_random_model_command(tmp_path, capsys):
+    assert main(["random-model", str(tmp_path / "m"), "--shape", "tiny-test", "--dtype", "float32"]) == 0
+    assert (tmp_path / "m" / "config.json").is_file()
+
+
+def test_bench_offline_smoke(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main(["bench", "offline", "--model", str(tiny_model_dir), "--dtype", "float32", "--num-prompts", "3",
+                 "--input-len", "4", "8", "--output-len", "3", "--decode-len", "3", "--prefill-len", "16",
+                 "--json", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert results["throughput"]["output_tokens"] == 9
+    assert results["throughput"]["fraction_of_roofline"] > 0
+    assert results["throughput"]["speedup_vs_hf"] > 0 and results["decode"]["hf_tok_s"] > 0
