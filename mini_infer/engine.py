@@ -161,8 +161,19 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- requests
     def add_request(
-        self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | Seq[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        fork_of: str | None = None,
     ) -> str:
+        """Submit a request; returns its id. Raises ValueError for a request that cannot run.
+
+        ``fork_of`` names a request with the same prompt (the ``n`` choices of one API call):
+        this one waits until that prompt is computed, then shares its full blocks by reference
+        count instead of computing them again. Give each fork its own ``seed`` if it has one.
+        """
         params = params or SamplingParams()
         if isinstance(prompt, str):
             text: str | None = prompt
@@ -179,8 +190,15 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        parent = None
+        if fork_of is not None:
+            if fork_of not in self._requests:
+                raise ValueError(f"fork_of={fork_of!r} is not a request in flight")
+            parent = self._requests[fork_of].seq
+            if parent.prompt_token_ids != token_ids:
+                raise ValueError(f"a fork must have the same prompt as request {fork_of!r}")
         generator = make_generator(params.seed, self.device) if params.seed is not None else None
-        seq = Sequence(request_id, token_ids, params, arrival=next(self._arrivals), generator=generator)
+        seq = Sequence(request_id, token_ids, params, arrival=next(self._arrivals), generator=generator, parent=parent)
         self.scheduler.add(seq)  # raises RequestTooLongError for a request that can never fit
         stop = StopStringChecker(params.stop, params.include_stop_str_in_output) if params.stop else None
         self._requests[request_id] = _RequestState(seq, text, IncrementalDetokenizer(self.tokenizer), stop)

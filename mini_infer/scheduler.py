@@ -141,27 +141,70 @@ class Scheduler:
                     schedule(seq, n)
 
         # 3. new requests (and preempted ones, which wait at the front), unless this step preempted.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
-            seq = self.waiting[0]
-            if self.prefix_cache is not None:
-                self._match_prefix(seq)
+        for seq in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.max_num_seqs or out.preempted:
+                break
+            if self._waits_for_parent(seq):
+                continue  # a fork joins once its parent's prompt is computed, to share its blocks
+            cache_hit = self._reuse_computed_prefix(seq)
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._grow(seq, seq.num_computed_tokens + n):
-                # No room now: it keeps its place at the head of the queue, holding nothing.
+                # No room now: it keeps its place at the head of the queue, holding nothing, and
+                # nothing behind it overtakes it (first come, first served).
                 self._release_blocks(seq)
                 seq.num_computed_tokens = 0
                 seq.num_blocks_offered = 0
                 break
-            if seq.num_output_tokens == 0 and self.prefix_cache is not None:
+            if seq.num_output_tokens == 0:
                 # Counted once per request, at its first admission (not again after a preemption).
                 self.prefix_cache_query_tokens += seq.num_prompt_tokens
-                self.prefix_cache_hit_tokens += seq.num_computed_tokens
-                seq.num_cached_prompt_tokens = seq.num_computed_tokens
-            self.waiting.popleft()
+                self.prefix_cache_hit_tokens += cache_hit
+                seq.num_cached_prompt_tokens = cache_hit
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             schedule(seq, n)
         return out
+
+    @staticmethod
+    def _waits_for_parent(seq: Sequence) -> bool:
+        parent = seq.parent
+        return (
+            parent is not None
+            and seq.num_output_tokens == 0
+            and parent.status is not SequenceStatus.FINISHED
+            and parent.num_computed_tokens < parent.num_prompt_tokens
+        )
+
+    def _reuse_computed_prefix(self, seq: Sequence) -> int:
+        """Start ``seq`` after the longest prefix whose K/V already sits in the pool.
+
+        Two sources: the prefix cache (chapter 08), and a fork's parent (the ``n`` choices of
+        one request), whose full prompt blocks are shared by reference count. The last token
+        is always computed, so that there are logits to sample from. Returns the number of
+        tokens the prefix cache served.
+        """
+        limit = len(seq.token_ids) - 1
+        cache_hit = 0
+        if self.prefix_cache is not None:
+            match = self.prefix_cache.match_prefix(seq.token_ids[:limit])
+            if match.num_tokens:
+                self._adopt(seq, list(match.block_ids), match.num_tokens)
+                cache_hit = match.num_tokens
+        parent = seq.parent
+        if parent is not None and parent.status is SequenceStatus.RUNNING and seq.num_output_tokens == 0:
+            full = min(parent.num_computed_tokens, limit) // self.block_size
+            if full * self.block_size > seq.num_computed_tokens:
+                self._release_blocks(seq)
+                self._adopt(seq, parent.block_table.block_ids[:full], full * self.block_size)
+                cache_hit = 0
+        return cache_hit
+
+    def _adopt(self, seq: Sequence, block_ids: list[int], num_tokens: int) -> None:
+        self.pool.fork(block_ids)  # the sequence's own reference, so that eviction skips them
+        seq.block_table.block_ids = block_ids
+        seq.num_computed_tokens = num_tokens
+        seq.num_blocks_offered = num_tokens // self.block_size  # already in the tree, or the parent's
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Give ``seq`` blocks for ``num_tokens``, evicting cache-only blocks if that helps."""
@@ -200,17 +243,6 @@ class Scheduler:
         while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:
             index += 1
         self.waiting.insert(index, seq)
-
-    def _match_prefix(self, seq: Sequence) -> None:
-        """Start ``seq`` from the longest cached prefix of its tokens (chapter 08)."""
-        assert self.prefix_cache is not None
-        # Never the whole sequence: its last token must be computed to have logits to sample.
-        match = self.prefix_cache.match_prefix(seq.token_ids[:-1])
-        if match.num_tokens:
-            self.pool.fork(match.block_ids)  # the sequence's own reference, so eviction skips them
-            seq.block_table.block_ids = list(match.block_ids)
-            seq.num_computed_tokens = match.num_tokens
-            seq.num_blocks_offered = match.num_tokens // self.block_size  # already in the tree
 
     # ----------------------------------------------------------------- after the forward
     def update(self, scheduled: list[ScheduledSequence], new_token_ids: list[int | None]) -> None:

@@ -44,6 +44,7 @@ class Sequence:
     num_blocks_offered: int = 0  # leading full blocks already offered to the prefix cache
     block_table: BlockTable = field(default_factory=BlockTable)
     status: SequenceStatus = SequenceStatus.WAITING
+    parent: Sequence | None = None  # for the n choices of one request: shares its prompt blocks
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or token id that finished it
 

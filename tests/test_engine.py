@@ -163,3 +163,41 @@ def test_chat_applies_template(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
     out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)[0]
     assert out.prompt.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_forks_share_the_prompt_blocks(tiny_model_dir, prefix_caching):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, enable_prefix_caching=prefix_caching, show_progress=False)
+    engine = llm.engine
+    prompt = list(range(1, 41))  # 40 tokens: two full blocks and a partial one
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine.add_request(prompt, greedy, "a")
+    engine.add_request(prompt, greedy, "b", fork_of="a")
+    engine.add_request(prompt, greedy, "c", fork_of="a")
+    first = engine.scheduler.schedule()
+    assert [s.seq.request_id for s in first.scheduled] == ["a"]  # the forks wait for the prompt
+    engine.scheduler.update(first.scheduled, [7])
+    second = engine.scheduler.schedule()
+    forks = {s.seq.request_id: s for s in second.scheduled if s.seq.request_id != "a"}
+    assert {rid: s.num_new_tokens for rid, s in forks.items()} == {"b": 8, "c": 8}  # only the partial block
+    shared = engine.scheduler.running[0].block_table.block_ids[:2]
+    assert all(engine.pool.ref_count(b) == 3 + prefix_caching for b in shared)
+    engine.scheduler.update(second.scheduled, [7 if s.seq.request_id == "a" else None for s in second.scheduled])
+    engine.scheduler.check_invariants()
+
+
+def test_forks_give_the_same_greedy_text(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, enable_prefix_caching=False, show_progress=False)
+    engine = llm.engine
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompt = list(range(3, 40))
+    reference = llm.generate([prompt], greedy, use_tqdm=False)[0].token_ids
+    engine.add_request(prompt, greedy, "p")
+    engine.add_request(prompt, greedy, "q", fork_of="p")
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
+        engine.scheduler.check_invariants()
+    assert finals == {"p": reference, "q": reference}
+    with pytest.raises(ValueError, match="not a request in flight"):
+        engine.add_request(prompt, greedy, "r", fork_of="p")
