@@ -17,6 +17,10 @@ this step: its blocks are freed and it goes back to the front of the waiting que
 recomputed (prompt and generated tokens together) when there is room. Nothing is lost: with
 greedy sampling a preempted request's output is identical to an unpressured run.
 
+A new request starts after the longest prefix whose K/V is already in the pool: a prefix-cache
+match (chapter 08), or, for the ``n`` choices of one request, the full prompt blocks of the
+first choice, shared by reference count (a fork waits until its parent's prompt is computed).
+
 Invariants (checked by ``check_invariants`` and asserted by the tests after every step):
 * every block is free, or referenced by running sequences and/or the prefix cache;
 * waiting sequences hold no blocks; running sequences hold exactly the blocks their computed
