@@ -2,7 +2,8 @@
 
     mini-infer generate --model tiny --prompt "What is 2 + 3?" --chat
     mini-infer random-model OUT_DIR --shape qwen2.5-0.5b
-    mini-infer bench offline            (chapter 06's benchmark, see mini_infer/bench/)
+    mini-infer bench offline            (chapter 06: the engine against transformers and the roofline)
+    mini-infer bench serve              (chapter 12: servebench against any OpenAI-compatible server)
 
 Each subcommand is a thin layer over the package's public API.
 """
@@ -94,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     offline_bench.add_arguments(offline)
     offline.set_defaults(func=offline_bench.main)
+    serve_bench_parser = bench_sub.add_parser("serve", help="servebench: load any OpenAI-compatible server and measure it")
+    from mini_infer.bench.serve import cli as serve_bench
+
+    serve_bench.add_arguments(serve_bench_parser)
+    serve_bench_parser.set_defaults(func=serve_bench.main)
 
     rnd = sub.add_parser("random-model", help="write a random-weight Qwen2 model directory (offline)")
     rnd.add_argument("out")

@@ -1,0 +1,207 @@
+"""servebench's client: the SSE parser, one streamed request, request bodies, /metrics (chapter 12).
+
+The requests go to an in-process ``httpx.MockTransport``: no socket, no server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mini_infer.bench.serve.client import (
+    ClientConfig,
+    SSEEvent,
+    SSEParser,
+    build_payload,
+    parse_prefix_cache_counters,
+    send_request,
+)
+from mini_infer.bench.serve.datasets import BenchRequest
+from mini_infer.bench.serve.metrics import RequestRecord
+
+# Every line ending the spec allows, a comment, a multi-line event, and multi-byte characters
+# (a split inside one of them must not garble it).
+STREAM = (
+    b": keep-alive\n"
+    b'data: {"choices": [{"text": "h\xc3\xa9llo"}]}\n\n'
+    b'data: {"choices": [{"text": " \xf0\x9f\x99\x82"}]}\r\n\r\n'
+    b"event: error\r"
+    b'data: {"error": {"message": "bad"}}\r\r'
+    b"data: line one\n"
+    b"data: line two\n\n"
+    b"data: [DONE]\n\n"
+)
+EXPECTED = [
+    SSEEvent('{"choices": [{"text": "héllo"}]}'),
+    SSEEvent('{"choices": [{"text": " 🙂"}]}'),
+    SSEEvent('{"error": {"message": "bad"}}', event="error"),
+    SSEEvent("line one\nline two"),
+    SSEEvent("[DONE]"),
+]
+
+
+def parse_in_pieces(data: bytes, cuts: list[int]) -> list[SSEEvent]:
+    parser = SSEParser()
+    events: list[SSEEvent] = []
+    start = 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        events += parser.feed(data[start:cut])
+        start = cut
+    return events + parser.close()
+
+
+def test_sse_whole_stream() -> None:
+    assert parse_in_pieces(STREAM, []) == EXPECTED
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=30))
+def test_sse_split_at_any_byte(cuts: list[int]) -> None:
+    assert parse_in_pieces(STREAM, cuts) == EXPECTED
+
+
+def test_sse_byte_by_byte_and_unterminated_end() -> None:
+    assert parse_in_pieces(STREAM, list(range(len(STREAM)))) == EXPECTED
+    # a server that closes without the final blank line still delivers its last event
+    assert parse_in_pieces(b"data: [DONE]", []) == [SSEEvent("[DONE]")]
+    assert parse_in_pieces(b"data: [DONE]\r", []) == [SSEEvent("[DONE]")]
+
+
+# ------------------------------------------------------------------ one request
+def sse(*objects: object) -> list[bytes]:
+    return [f"data: {json.dumps(o) if not isinstance(o, str) else o}\n\n".encode() for o in objects]
+
+
+def completion_chunks(pieces: list[str], usage: dict[str, object] | None) -> list[bytes]:
+    last = len(pieces) - 1
+    chunks = [{"choices": [{"index": 0, "text": p, "finish_reason": "length" if i == last else None}]} for i, p in enumerate(pieces)]
+    tail: list[object] = [{"choices": [], "usage": usage}] if usage else []
+    return sse(*chunks, *tail, "[DONE]")
+
+
+def run_one(
+    handler: Callable[[httpx.Request], httpx.Response],
+    request: BenchRequest | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+    endpoint: str = "completions",
+) -> RequestRecord:
+    request = request or BenchRequest(prompt="hi there", messages=None, prompt_len=None, output_len=3)
+    config = ClientConfig(base_url="http://test", endpoint=endpoint, model="m", api_key="secret", ignore_eos=True)
+
+    async def go() -> RequestRecord:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await send_request(client, config, request, 7, count_tokens)
+
+    return asyncio.run(go())
+
+
+def streaming(chunks: list[bytes], status: int = 200) -> Callable[[httpx.Request], httpx.Response]:
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == "Bearer secret"
+        return httpx.Response(status, content=body(), headers={"content-type": "text/event-stream"})
+
+    return handler
+
+
+def test_request_with_usage() -> None:
+    usage = {"prompt_tokens": 11, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
+    record = run_one(streaming(completion_chunks(["a", "", "b", "c"], usage)))
+    assert record.success, record.error
+    assert record.index == 7
+    assert len(record.chunk_times) == 3  # the empty chunk carries no text, so no timestamp
+    assert record.send_time <= record.chunk_times[0] <= record.chunk_times[-1] <= record.end_time
+    assert (record.prompt_tokens, record.output_tokens, record.cached_tokens) == (11, 3, 8)
+    assert record.token_count_source == "usage"
+    assert record.requested_output_len == 3
+
+
+def test_request_without_usage_counts_with_tokenizer_or_estimate() -> None:
+    chunks = completion_chunks(["abcd", "efgh"], usage=None)
+    record = run_one(streaming(chunks))
+    # characters / 4: 8 characters out, "hi there" (8 characters) in
+    assert (record.output_tokens, record.prompt_tokens, record.token_count_source) == (2, 2, "estimate")
+    record = run_one(streaming(chunks), count_tokens=len)
+    assert (record.output_tokens, record.prompt_tokens, record.token_count_source) == (8, 8, "tokenizer")
+
+
+def test_chat_stream_and_reasoning_content() -> None:
+    chunks = sse(
+        {"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]},
+        {"choices": [{"delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
+        {"choices": [{"delta": {"content": "yes"}, "finish_reason": "stop"}]},
+        "[DONE]",
+    )
+    record = run_one(streaming(chunks), endpoint="chat")
+    assert record.success and len(record.chunk_times) == 2
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        (lambda r: httpx.Response(500, json={"error": {"message": "out of memory"}}), "HTTP 500: out of memory"),
+        (lambda r: httpx.Response(400, text="no such field"), "HTTP 400: no such field"),
+        (streaming(sse({"choices": [{"text": "a"}]}, {"error": {"message": "engine died"}})), "error event: engine died"),
+        (streaming([b"event: error\ndata: {\"message\": \"x\"}\n\n"]), "error event: x"),
+        (streaming(sse({"choices": [{"text": "a"}]})), "the stream ended before [DONE] or a finish_reason"),
+        (streaming([b"data: {not json\n\n"]), "not JSON in the stream"),
+    ],
+)
+def test_failures_are_recorded_not_raised(handler: Callable[[httpx.Request], httpx.Response], message: str) -> None:
+    record = run_one(handler)
+    assert not record.success
+    assert record.error.startswith(message)
+    assert record.end_time >= record.send_time
+
+
+def test_connection_error_is_recorded() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    record = run_one(refuse)
+    assert not record.success and "ConnectError" in record.error
+
+
+def test_payloads() -> None:
+    request = BenchRequest(prompt="p", messages=None, prompt_len=1, output_len=5)
+    base = ClientConfig(base_url="http://h:1/", endpoint="completions", model="m")
+    payload = build_payload(base, request)
+    assert payload == {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+        "prompt": "p",
+        "max_tokens": 5,
+    }
+    assert base.url == "http://h:1/v1/completions" and base.headers() == {}
+    chat = ClientConfig(base_url="http://h:1", endpoint="chat", model="m", ignore_eos=True, extra_body={"top_k": 1})
+    payload = build_payload(chat, request)
+    assert payload["messages"] == [{"role": "user", "content": "p"}]
+    assert payload["ignore_eos"] is True and payload["top_k"] == 1 and "prompt" not in payload
+    assert chat.url == "http://h:1/v1/chat/completions"
+    with pytest.raises(ValueError, match="--endpoint chat"):
+        build_payload(base, BenchRequest(prompt=None, messages=[{"role": "user", "content": "x"}], prompt_len=None, output_len=None))
+
+
+def test_prefix_cache_counters_from_prometheus_text() -> None:
+    text = """
+# HELP mini_infer:prefix_cache_hits_total Prompt tokens found in the prefix cache.
+# TYPE mini_infer:prefix_cache_hits_total counter
+mini_infer:prefix_cache_hits_total{model_name="tiny model"} 30.0
+mini_infer:prefix_cache_hits_created{model_name="tiny model"} 1.7e9
+mini_infer:prefix_cache_queries_total{model_name="tiny model"} 100.0
+mini_infer:prefix_cache_queries_total{model_name="other"} 20.0 1712345678
+"""
+    assert parse_prefix_cache_counters(text) == (30.0, 120.0)
+    assert parse_prefix_cache_counters("vllm:prefix_cache_hits 1\nvllm:prefix_cache_queries 4\n") == (1.0, 4.0)
+    assert parse_prefix_cache_counters("process_cpu_seconds_total 3.5\n") is None
