@@ -1,6 +1,7 @@
 """The ``mini-infer`` command line.
 
     mini-infer generate --model tiny --prompt "What is 2 + 3?" --chat
+    mini-infer serve --model tiny --port 8000       (chapter 11: the OpenAI-compatible server)
     mini-infer random-model OUT_DIR --shape qwen2.5-0.5b
     mini-infer bench offline            (chapter 06: the engine against transformers and the roofline)
     mini-infer bench serve              (chapter 12: servebench against any OpenAI-compatible server)
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampling-seed", type=int, default=None)
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
     gen.set_defaults(func=_generate)
+
+    from mini_infer.server import cli as serve_cli  # light: FastAPI is imported only when serving
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible server (chat, completions, SSE streaming)")
+    serve_cli.add_arguments(serve)
+    serve.set_defaults(func=serve_cli.main)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -237,7 +237,8 @@ def apply_top_p(logits: Tensor, top_p: Tensor) -> Tensor:
     # A token belongs to the nucleus while the mass strictly before it is still below top_p; the
     # first token always does (mass 0 before it), so no row is ever left empty.
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    in_nucleus = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)
+    # clamp: a top_p that rounds to 0 in float32 (say 1e-300) still keeps the top token.
+    in_nucleus = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True).clamp(min=1)
     threshold = sorted_probs.gather(1, in_nucleus - 1)
     # top_p == 1 must keep everything, even if float32 rounding lets the cumsum reach 1 early.
     threshold = threshold.masked_fill(top_p.unsqueeze(1) >= 1, 0.0)
@@ -271,7 +272,9 @@ def probs_from_logits(logits: Tensor, params_list: Sequence[SamplingParams]) -> 
     # The filters are skipped when no row uses them: a host-side decision from the params, so
     # the common case (plain temperature sampling) pays for no sort.
     if any(p.top_k != -1 for p in params_list):
-        scaled = apply_top_k(scaled, _to_device([p.top_k for p in params_list], torch.long, device))
+        # Capped before the tensor is built: a top_k beyond int64 is simply "everything".
+        top_ks = [min(p.top_k, 2**31 - 1) for p in params_list]
+        scaled = apply_top_k(scaled, _to_device(top_ks, torch.long, device))
     if any(p.top_p < 1.0 for p in params_list):
         scaled = apply_top_p(scaled, _to_device([p.top_p for p in params_list], torch.float32, device))
     if any(p.min_p > 0.0 for p in params_list):

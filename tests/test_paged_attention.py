@@ -66,7 +66,7 @@ def test_paged_equals_dense(data, heads_kv, num_prefill, num_batched, batch_q):
     new_v = torch.cat([v[ctx - new :] for ctx, new, _, _, v in sequences])
     out = PagedAttention(cache, meta)(0, q, new_k, new_v)
     start = 0
-    for ctx, new, _, k, v in sequences:
+    for _ctx, new, _, k, v in sequences:
         expected = attention(q[start : start + new], k, v, causal=True)
         torch.testing.assert_close(out[start : start + new], expected, rtol=1e-5, atol=1e-5)
         start += new

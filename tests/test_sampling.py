@@ -561,3 +561,12 @@ def test_overlapping_candidates_and_flush() -> None:
     assert StopStringChecker([]).push("anything") == ("anything", False)
     with pytest.raises(ValueError):
         StopStringChecker([""])
+
+
+def test_extreme_but_valid_values_do_not_break_the_sampler():
+    """Found by the server's hostile-input tests: both used to kill the engine thread."""
+    logits = torch.randn(2, 50)
+    params = [SamplingParams(temperature=1.0, top_p=1e-300), SamplingParams(temperature=1.0, top_k=2**70)]
+    out = Sampler()(logits, params, [None, None])
+    assert out.token_ids[0].item() == logits[0].argmax().item()  # the nucleus is the top token alone
+    assert 0 <= out.token_ids[1].item() < 50

@@ -1,0 +1,50 @@
+"""``mini-infer serve``: an OpenAI-compatible HTTP server over the engine (chapter 11).
+
+The pieces, in the order a request meets them:
+
+* ``app``: FastAPI routes, API keys, OpenAI-shaped errors;
+* ``http``: bodies read under a size limit, server-sent events, noticing clients that leave;
+* ``protocol``: the OpenAI request models (strict: unknown or unsupported fields are refused)
+  and response shapes;
+* ``chat`` and ``completions``: the two generation endpoints; ``tool_calls`` turns the model's
+  ``<tool_call>`` blocks into OpenAI tool calls, streaming included;
+* ``serving``: state and checks the endpoints share;
+* ``async_engine``: the one thread that owns the ``LLMEngine``, and the queues to it;
+* ``metrics``: Prometheus metrics with vLLM's names;
+* ``cli``: ``mini-infer serve``; ``background``: a server in a thread, for tests and notebooks;
+  ``bench_overhead``: the server's throughput against ``LLM.generate``.
+
+Invariants: the engine thread alone touches the engine; every request ends with its KV blocks
+freed (finished, aborted when its client leaves, or failed when the engine dies); nothing blocks
+the event loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Here rather than in ``http``, so that ``mini-infer --help`` can show it without importing the
+# server's dependencies (FastAPI, uvicorn), which are an optional extra.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+if TYPE_CHECKING:
+    from mini_infer.server.app import build_app
+    from mini_infer.server.async_engine import AsyncEngine
+    from mini_infer.server.background import BackgroundServer
+    from mini_infer.server.serving import ServerConfig
+
+_EXPORTS = {
+    "AsyncEngine": "mini_infer.server.async_engine",
+    "BackgroundServer": "mini_infer.server.background",
+    "ServerConfig": "mini_infer.server.serving",
+    "build_app": "mini_infer.server.app",
+}
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "AsyncEngine", "BackgroundServer", "ServerConfig", "build_app"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, for the same reason as above.
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'mini_infer.server' has no attribute {name!r}")

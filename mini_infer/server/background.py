@@ -1,0 +1,77 @@
+"""Run a server in a background thread: for tests and notebooks (chapter 11).
+
+A notebook cell cannot block on ``uvicorn.run``; a test wants a real socket. ``BackgroundServer``
+runs uvicorn in a daemon thread on a socket it binds itself (port 0: the OS picks a free port,
+so parallel runs never collide), and waits until the server is listening::
+
+    with BackgroundServer(build_app(ServerConfig(model="tiny"))) as server:
+        server.wait_ready()                      # /health answers 200: the model is loaded
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
+
+Loopback only by default. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+
+class BackgroundServer:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        self.app = app
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and without it
+        # Nagle and delayed ACKs add 40 ms to every response.
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = self._socket.getsockname()[:2]
+        config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server thread exited during startup")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server did not start within {timeout} s")
+            time.sleep(0.02)
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until ``/health`` answers 200 (the model is loaded)."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+            while True:
+                try:
+                    if client.get("/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine was not ready within {timeout} s")
+                time.sleep(0.05)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._socket.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,249 @@
+"""``POST /v1/chat/completions`` (chapter 11).
+
+The path of a chat request:
+
+1. validate the body (``ChatCompletionRequest``); the model name must be ours;
+2. in the tokenizer thread, render the messages (and tools) with the model's chat template and
+   tokenize them; a named ``tool_choice`` also writes the start of that call into the prompt,
+   so the model's answer *is* a call to it;
+3. check the length (400 with prompt tokens, requested tokens and the limit);
+4. submit ``n`` engine requests (forks of the first, sharing its prompt blocks);
+5. stream chunks as outputs arrive, or wait for all of them and answer once, in both cases
+   aborting everything if the client goes away.
+
+``tool_choice``: ``"none"`` leaves the tools out of the prompt and returns text; ``"auto"`` (the
+default with tools) lists them and parses any ``<tool_call>`` the model writes; a named function
+(or ``"required"`` with a single tool) forces that call as described above. ``"required"``
+among several tools would need constrained decoding, so it is refused with a 400.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mini_infer.server.async_engine import Choice, EngineUnavailableError, RequestStream
+from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
+from mini_infer.server.protocol import (
+    SSE_DONE,
+    ChatCompletionRequest,
+    ChunkEncoder,
+    NamedToolChoice,
+    bad_request,
+    chat_completion,
+    parse_request,
+    sampling_error,
+    sse,
+    tool_call_body,
+    usage,
+)
+from mini_infer.server.serving import (
+    ServerState,
+    TokenTexts,
+    check_token_ids,
+    merge_batch,
+    resolve_max_tokens,
+    unavailable,
+)
+from mini_infer.server.tool_calls import TOOL_CALL_START, ParserDelta, ToolCallParser
+from mini_infer.tokenizer import Tokenizer
+
+logger = logging.getLogger("mini_infer.server")
+
+# HTTP 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
+CLIENT_CLOSED = 499
+
+
+@dataclass(slots=True)
+class _Prompt:
+    token_ids: list[int]
+    parse_tools: bool
+    forced: str  # text written into the prompt for the model to continue ("" when none)
+
+
+def _forced_call(req: ChatCompletionRequest) -> str:
+    choice = req.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.name
+    elif choice == "required":
+        assert req.tools
+        if len(req.tools) > 1:
+            raise bad_request(
+                "tool_choice 'required' with several tools needs constrained decoding, which mini-infer does not "
+                "implement; name the function to call, or use 'auto'",
+                param="tool_choice",
+            )
+        name = req.tools[0].function.name
+    else:
+        return ""
+    # Names match [A-Za-z0-9_-]+ (validated), so they need no JSON escaping here.
+    return f'{TOOL_CALL_START}\n{{"name": "{name}", "arguments": '
+
+
+def _render(tokenizer: Tokenizer, req: ChatCompletionRequest, forced: str) -> list[int]:
+    """Runs in the tokenizer thread."""
+    use_tools = bool(req.tools) and req.tool_choice != "none"
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []] if use_tools else None
+    try:
+        text = tokenizer.apply_chat_template([m.to_template() for m in req.messages], tools=tools)
+    except Exception as exc:  # a template raises for conversations it cannot render
+        raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from None
+    return tokenizer.encode(text + forced)
+
+
+async def create_chat_completion(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = parse_request(ChatCompletionRequest, body)
+    state.check_model(req.model)
+    info, tokenizer = state.ready()
+    forced = _forced_call(req)
+    token_ids = await state.in_tokenizer_thread(_render, tokenizer, req, forced)
+    prompt = _Prompt(token_ids, parse_tools=bool(req.tools) and req.tool_choice != "none", forced=forced)
+    max_tokens = resolve_max_tokens(info, len(token_ids), req.requested_max_tokens, None, prompt_param="messages")
+    if req.stop_token_ids:
+        check_token_ids(req.stop_token_ids, info, "stop_token_ids")
+    try:
+        params = [req.sampling_params(max_tokens, req.num_logprobs, i, info.vocab_size) for i in range(req.num_choices)]
+    except ValueError as exc:
+        raise sampling_error(exc) from None
+    choices = [Choice(token_ids, p, fork_of=None if i == 0 else 0) for i, p in enumerate(params)]
+    texts = state.token_texts if req.logprobs else None
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    if req.user:
+        logger.debug("%s for user %r", response_id, req.user)
+    # From here on every way out must abort the stream: nothing below raises before the
+    # try/finally or the streaming generator (whose finally aborts) takes it over.
+    stream = await state.submit(choices, response_id)
+    call = _ChatCall(state, req, stream, prompt, response_id, texts)
+    if req.stream:
+        return EventStreamResponse(call.events())
+    try:
+        disconnected, _ = await run_until_disconnect(request.receive, call.collect())
+    except EngineUnavailableError as exc:  # the engine died while we waited
+        raise unavailable(str(exc)) from None
+    finally:
+        stream.abort()  # a no-op when every choice finished
+    if disconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    return json_response(call.response())
+
+
+class _ChatCall:
+    """One chat completion in flight: per-choice parsers and counters, and the two ways out."""
+
+    def __init__(
+        self, state: ServerState, req: ChatCompletionRequest, stream: RequestStream, prompt: _Prompt, response_id: str,
+        texts: TokenTexts | None,
+    ) -> None:
+        self.state, self.req, self.stream, self.prompt = state, req, stream, prompt
+        self.response_id = response_id
+        self.created = int(time.time())
+        n = len(stream.request_ids)
+        self.parsers = [ToolCallParser() if prompt.parse_tools else None for _ in range(n)]
+        self.finals: list[Any] = [None] * n
+        self.logprobs_sent = [0] * n
+        self.texts = texts
+        self.encoder = ChunkEncoder(response_id, "chat.completion.chunk", self.created, state.model_name, include_usage=req.include_usage)
+
+    def _finish_reason(self, index: int, reason: str | None) -> str | None:
+        parser = self.parsers[index]
+        if reason == "stop" and parser is not None and parser.tool_calls:
+            return "tool_calls"
+        return reason
+
+    def _usage(self) -> dict[str, Any]:
+        completion_tokens = sum(len(out.token_ids) for out in self.finals if out is not None)
+        first = self.finals[0]
+        return usage(len(self.prompt.token_ids), completion_tokens, first.num_cached_tokens if first is not None else None)
+
+    # ----------------------------------------------------------------- not streaming
+    async def collect(self) -> None:
+        while not self.stream.finished:
+            for index, out in await self.stream.next_batch():
+                self.finals[index] = out
+
+    def response(self) -> dict[str, Any]:
+        choices = []
+        for index, out in enumerate(self.finals):
+            parser = self.parsers[index]
+            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            if parser is not None:
+                parser.push(self.prompt.forced)
+                parser.push(out.text)
+                parser.finish()
+                message["content"] = parser.content or (None if parser.tool_calls else "")
+                if parser.tool_calls:
+                    message["tool_calls"] = [tool_call_body(c.id, c.name, c.arguments) for c in parser.tool_calls]
+            logprobs = None
+            if self.texts is not None:
+                logprobs = {"content": [self.texts.chat_entry(e) for e in out.logprobs or []]}
+            choices.append(
+                {"index": index, "message": message, "logprobs": logprobs, "finish_reason": self._finish_reason(index, out.finish_reason)}
+            )
+        return chat_completion(self.response_id, self.created, self.state.model_name, choices, self._usage())
+
+    # ----------------------------------------------------------------- streaming
+    def _chunk(self, choices: list[dict[str, Any]]) -> str:
+        return self.encoder.chunk(choices)
+
+    @staticmethod
+    def _delta(pd: ParserDelta) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if pd.content:
+            delta["content"] = pd.content
+        if pd.tool_calls:
+            calls = []
+            for c in pd.tool_calls:
+                function: dict[str, Any] = {"arguments": c.arguments}
+                call: dict[str, Any] = {"index": c.index, "function": function}
+                if c.id is not None:
+                    call["id"], call["type"] = c.id, "function"
+                    function["name"] = c.name
+                calls.append(call)
+            delta["tool_calls"] = calls
+        return delta
+
+    async def events(self) -> AsyncGenerator[str, None]:
+        try:
+            for index, parser in enumerate(self.parsers):
+                first: dict[str, Any] = {"role": "assistant", "content": ""}
+                if parser is not None and self.prompt.forced:
+                    # The forced start of a call announces it at once: no content, the call's name.
+                    first = {"role": "assistant", "content": None, **self._delta(parser.push(self.prompt.forced))}
+                yield self._chunk([{"index": index, "delta": first, "logprobs": None, "finish_reason": None}])
+            while not self.stream.finished:
+                for index, m in merge_batch(await self.stream.next_batch()):
+                    out = m.out
+                    self.finals[index] = out
+                    parser = self.parsers[index]
+                    if parser is None:
+                        pd = ParserDelta(content=m.new_text)
+                    else:
+                        pd = parser.push(m.new_text)
+                        if out.finished:
+                            pd.extend(parser.finish())
+                    logprobs = None
+                    if self.texts is not None and out.logprobs:
+                        new = out.logprobs[self.logprobs_sent[index] :]
+                        self.logprobs_sent[index] = len(out.logprobs)
+                        logprobs = {"content": [self.texts.chat_entry(e) for e in new]}
+                    if pd or logprobs:
+                        yield self._chunk([{"index": index, "delta": self._delta(pd), "logprobs": logprobs, "finish_reason": None}])
+                    if out.finished:
+                        reason = self._finish_reason(index, out.finish_reason)
+                        yield self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+            if self.req.include_usage:
+                yield self.encoder.usage_chunk(self._usage())
+            yield SSE_DONE
+        except EngineUnavailableError as exc:
+            # The response has begun (200 is sent): the error travels as one event.
+            yield sse(unavailable(str(exc)).body())
+            yield SSE_DONE
+        finally:
+            self.stream.abort()  # the client left (or the engine died): free its blocks now

@@ -1,0 +1,157 @@
+"""``POST /v1/completions``: the legacy text API (chapter 11).
+
+A prompt is a string, a list of strings, a list of token ids, or a list of token-id lists.
+Each prompt gets ``n`` choices, numbered ``prompt_index * n + i`` as OpenAI numbers them; all
+of them go to the engine as one submission (forks share their prompt's blocks). ``max_tokens``
+defaults to 16, as in OpenAI's completions API (chat defaults to the rest of the context).
+``echo``, ``suffix`` and ``best_of`` other than ``n`` are refused.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mini_infer.server.async_engine import Choice, EngineUnavailableError, RequestStream
+from mini_infer.server.chat import CLIENT_CLOSED
+from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
+from mini_infer.server.protocol import (
+    MAX_CHOICES,
+    SSE_DONE,
+    ChunkEncoder,
+    CompletionRequest,
+    bad_request,
+    completion,
+    parse_request,
+    sampling_error,
+    sse,
+    usage,
+)
+from mini_infer.server.serving import (
+    ServerState,
+    TokenTexts,
+    check_token_ids,
+    merge_batch,
+    resolve_max_tokens,
+    unavailable,
+)
+from mini_infer.tokenizer import Tokenizer
+
+OPENAI_COMPLETIONS_MAX_TOKENS = 16
+
+
+def _tokenize(tokenizer: Tokenizer, prompts: list[str | list[int]]) -> list[list[int]]:
+    """Runs in the tokenizer thread."""
+    return [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
+
+
+async def create_completion(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = parse_request(CompletionRequest, body)
+    state.check_model(req.model)
+    info, tokenizer = state.ready()
+    prompts = req.prompts()
+    n = req.num_choices
+    if len(prompts) * n > MAX_CHOICES:
+        raise bad_request(f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices in one request", param="n")
+    prompt_ids = await state.in_tokenizer_thread(_tokenize, tokenizer, prompts)
+    if req.stop_token_ids:
+        check_token_ids(req.stop_token_ids, info, "stop_token_ids")
+    choices: list[Choice] = []
+    for ids in prompt_ids:
+        check_token_ids(ids, info, "prompt")
+        max_tokens = resolve_max_tokens(info, len(ids), req.max_tokens, OPENAI_COMPLETIONS_MAX_TOKENS, prompt_param="prompt")
+        first = len(choices)
+        for i in range(n):
+            try:
+                params = req.sampling_params(max_tokens, req.logprobs, i, info.vocab_size)
+            except ValueError as exc:
+                raise sampling_error(exc) from None
+            choices.append(Choice(ids, params, fork_of=None if i == 0 else first))
+    texts = state.token_texts if req.logprobs is not None else None
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    # From here on every way out must abort the stream (see chat.py).
+    stream = await state.submit(choices, response_id)
+    call = _CompletionCall(state, req, stream, prompt_ids, n, response_id, texts)
+    if req.stream:
+        return EventStreamResponse(call.events())
+    try:
+        disconnected, _ = await run_until_disconnect(request.receive, call.collect())
+    except EngineUnavailableError as exc:  # the engine died while we waited
+        raise unavailable(str(exc)) from None
+    finally:
+        stream.abort()
+    if disconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    return json_response(call.response())
+
+
+class _CompletionCall:
+    def __init__(
+        self, state: ServerState, req: CompletionRequest, stream: RequestStream, prompt_ids: list[list[int]], n: int, response_id: str,
+        texts: TokenTexts | None,
+    ) -> None:
+        self.state, self.req, self.stream = state, req, stream
+        self.prompt_tokens = sum(len(ids) for ids in prompt_ids)
+        self.response_id = response_id
+        self.created = int(time.time())
+        size = len(stream.request_ids)
+        self.n = n
+        self.finals: list[Any] = [None] * size
+        self.logprobs_sent = [0] * size
+        self.text_offsets = [0] * size
+        self.texts = texts
+        self.encoder = ChunkEncoder(response_id, "text_completion", self.created, state.model_name, include_usage=req.include_usage)
+
+    def _usage(self) -> dict[str, Any]:
+        completion_tokens = sum(len(out.token_ids) for out in self.finals if out is not None)
+        cached = sum(out.num_cached_tokens for i, out in enumerate(self.finals) if out is not None and i % self.n == 0)
+        return usage(self.prompt_tokens, completion_tokens, cached)
+
+    def _logprobs(self, index: int, out: Any) -> dict[str, Any] | None:
+        if self.texts is None:
+            return None
+        entries = (out.logprobs or [])[self.logprobs_sent[index] :]
+        self.logprobs_sent[index] += len(entries)
+        body, self.text_offsets[index] = self.texts.completion_logprobs(entries, self.text_offsets[index])
+        return body
+
+    async def collect(self) -> None:
+        while not self.stream.finished:
+            for index, out in await self.stream.next_batch():
+                self.finals[index] = out
+
+    def response(self) -> dict[str, Any]:
+        choices = [
+            {"index": i, "text": out.text, "logprobs": self._logprobs(i, out), "finish_reason": out.finish_reason}
+            for i, out in enumerate(self.finals)
+        ]
+        return completion(self.response_id, self.created, self.state.model_name, choices, self._usage())
+
+    async def events(self) -> AsyncGenerator[str, None]:
+        try:
+            while not self.stream.finished:
+                for index, m in merge_batch(await self.stream.next_batch()):
+                    out = m.out
+                    self.finals[index] = out
+                    logprobs = self._logprobs(index, out)
+                    if m.new_text or logprobs or out.finished:
+                        choice = {
+                            "index": index,
+                            "text": m.new_text,
+                            "logprobs": logprobs,
+                            "finish_reason": out.finish_reason if out.finished else None,
+                        }
+                        yield self.encoder.chunk([choice])
+            if self.req.include_usage:
+                yield self.encoder.usage_chunk(self._usage())
+            yield SSE_DONE
+        except EngineUnavailableError as exc:
+            yield sse(unavailable(str(exc)).body())
+            yield SSE_DONE
+        finally:
+            self.stream.abort()

@@ -1,0 +1,528 @@
+"""The OpenAI wire format: request models, errors and response shapes (chapter 11).
+
+Requests are pydantic models in strict mode with ``extra="forbid"``: a field of the wrong type
+(``"max_tokens": "16"``) or a field we do not know (``logit_bias``, ``response_format`` with a
+schema, ``suffix``...) is refused with a 400 that names it. Nothing is accepted and ignored:
+a client that asks for a feature mini-infer lacks learns so at once, instead of getting an
+answer that silently does not do what it asked.
+
+Responses are built as plain dicts (one JSON encode per chunk; pydantic would add a second
+object per token on the hot path), in exactly the shapes the OpenAI API returns, so that the
+official ``openai`` client and every tool built on it parse them.
+
+Errors, everywhere, have OpenAI's shape::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mini_infer.sampling import SamplingParams
+
+MAX_LOGPROBS = 20
+MAX_CHOICES = 128  # prompts x n in one call: a bound, so one call cannot queue unbounded work
+# JSON cannot carry -inf; OpenAI and vLLM report impossible tokens with this floor instead.
+LOGPROB_FLOOR = -9999.0
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# --------------------------------------------------------------------------------------------
+# Requests
+# --------------------------------------------------------------------------------------------
+
+# Fields of OpenAI's API that mini-infer does not implement, and why; a null value is allowed
+# (it asks for nothing). Everything else unknown is refused with a generic message.
+UNSUPPORTED_FIELDS = {
+    "logit_bias": "logit_bias is not supported",
+    "functions": "the legacy 'functions' parameter is not supported: use 'tools'",
+    "function_call": "the legacy 'function_call' parameter is not supported: use 'tool_choice'",
+    "audio": "audio output is not supported",
+    "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "store": "stored completions are not supported",
+    "metadata": "stored completions (metadata) are not supported",
+    "service_tier": "service tiers are not supported",
+    "reasoning_effort": "reasoning models are not supported",
+    "web_search_options": "web search is not supported",
+    "suffix": "suffix (insertion) is not supported",
+}
+
+
+class _Strict(BaseModel):
+    # strict: no "16" for 16, no 1.0 for an int, no true for 1 (ints are still accepted for floats).
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class _DropNullUnsupported(_Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (k in UNSUPPORTED_FIELDS and v is None)}
+        return data
+
+
+class FunctionDefinition(_Strict):
+    # OpenAI's rule for names; it also lets a forced call be written into the prompt safely.
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("strict")
+    @classmethod
+    def _not_strict(cls, strict: bool | None) -> bool | None:
+        if strict:
+            raise ValueError("strict function calling needs constrained decoding, which mini-infer does not implement")
+        return strict
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class _NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: _NamedFunction
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallParam(_Strict):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+_NULL_ONLY_MESSAGE_FIELDS = ("refusal", "annotations", "audio", "function_call")
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_empty_echoes(cls, data: Any) -> Any:
+        # A client that sends back the assistant message it received carries these as null.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (k in _NULL_ONLY_MESSAGE_FIELDS and v in (None, []))}
+        return data
+
+    @model_validator(mode="after")
+    def _check_roles(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("only tool messages carry tool_call_id")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    def to_template(self) -> dict[str, Any]:
+        """The message as the chat template reads it."""
+        # The template knows "system"; OpenAI's newer "developer" role means the same thing.
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in self.tool_calls
+            ]
+        return message
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    model_config = ConfigDict(strict=True, extra="allow")  # refused below, with a better message
+    type: str
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ResponseFormat:
+        if self.type != "text" or self.model_extra:
+            raise ValueError(
+                'only {"type": "text"} is supported: json_object and json_schema need constrained decoding, '
+                "which mini-infer does not implement"
+            )
+        return self
+
+
+Stop = str | Annotated[list[str], Field(max_length=16)]
+
+
+class _SamplingFields(_DropNullUnsupported):
+    """The parameters both endpoints share, with OpenAI's ranges and vLLM's extensions."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)  # above the vocabulary means all of it
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stop: Stop | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # an end-user id for abuse tracking; logged, does not change the output
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, top_k: int | None) -> int | None:
+        if top_k == 0:
+            raise ValueError("must be -1 (disabled) or >= 1")
+        return top_k
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if stop == "" or (isinstance(stop, list) and "" in stop):
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and any(t < 0 for t in ids):
+            raise ValueError("token ids are >= 0")
+        return ids
+
+    @model_validator(mode="after")
+    def _check_common(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int, vocab_size: int) -> SamplingParams:
+        """The engine's parameters for one choice; each choice of a seeded request gets its own seed."""
+        seed = None if self.seed is None else (self.seed + choice) % 2**64
+        top_p = 1.0 if self.top_p is None else self.top_p
+        # Any top_p <= 1/V keeps only the most likely token (its probability is >= 1/V), so
+        # raising it to 1/V changes nothing, and keeps it from rounding to 0 in float32 (where
+        # the sampler's nucleus would be empty).
+        top_p = max(top_p, 1.0 / vocab_size)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            min_p=self.min_p or 0.0,
+            seed=seed,
+            stop=self.stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+        )
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("parallel_tool_calls")
+    @classmethod
+    def _parallel_only(cls, parallel: bool | None) -> bool | None:
+        if parallel is False:
+            raise ValueError("false is not supported: the model may write several calls, and nothing stops it after one")
+        return parallel
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs to be true")
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise ValueError("max_tokens and max_completion_tokens differ: give one of them")
+        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools:
+            names = {t.function.name for t in self.tools}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+PromptInput = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: PromptInput
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool | None) -> bool | None:
+        if echo:
+            raise ValueError("echo (the prompt repeated in the answer) is not supported")
+        return echo
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.num_choices:
+            raise ValueError("best_of other than n is not supported (it would rank choices by logprob)")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise bad_request("prompt is an empty list", param="prompt")
+        if isinstance(prompt[0], int):
+            return [list(prompt)]
+        return list(prompt)
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        if self.messages is None and (self.tools is not None or self.add_generation_prompt is not None):
+            raise ValueError("tools and add_generation_prompt apply to messages only")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+# --------------------------------------------------------------------------------------------
+# Turning validation failures into 400s that name the field
+# --------------------------------------------------------------------------------------------
+
+# Names pydantic adds to a location for the member of a union or a validator (not field names).
+_TYPE_TAG = re.compile(r"[\[\(]|^(str|int|float|bool|list|dict|none|function-.*|literal.*|tagged-union.*)$", re.IGNORECASE)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_request(model: type[M], body: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _validation_error(exc, model) from None
+    except RecursionError:
+        raise bad_request("the request is nested too deeply") from None
+
+
+def _validation_error(exc: ValidationError, model: type[BaseModel]) -> APIError:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = [str(part) for part in first["loc"] if isinstance(part, int) or not _TYPE_TAG.search(str(part))]
+    param = ".".join(loc) or None
+    kind = first["type"]
+    if param is None:
+        # A check across fields: its message starts with the field it is about.
+        word = str(first["msg"]).removeprefix("Value error, ").split(" ", 1)[0]
+        if word in model.model_fields:
+            return bad_request(str(first["msg"]).removeprefix("Value error, "), param=word)
+    if kind == "extra_forbidden" and loc:
+        field = loc[-1]
+        reason = UNSUPPORTED_FIELDS.get(field, "unknown field")
+        return bad_request(f"{param}: {reason}; mini-infer refuses parameters it does not implement", param=param)
+    if kind == "missing":
+        return bad_request(f"{param} is required", param=param)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    same_field = sum(1 for e in errors if [str(p) for p in e["loc"]][:1] == [str(p) for p in first["loc"]][:1])
+    if same_field > 1 and first["type"] in ("string_type", "int_type", "list_type", "literal_error", "model_type"):
+        message = f"invalid type or value ({message}, or one of the other accepted forms)"
+    return bad_request(f"{param}: {message}" if param else message, param=param)
+
+
+def sampling_error(exc: ValueError) -> APIError:
+    """A SamplingParams refusal (its messages start with the field's name)."""
+    message = str(exc)
+    param = message.split(" ", 1)[0]
+    return bad_request(message, param=param if param.isidentifier() else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Responses
+# --------------------------------------------------------------------------------------------
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def sse(obj: Any) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def safe_logprob(value: float) -> float:
+    return value if math.isfinite(value) else LOGPROB_FLOOR
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+def tool_call_body(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_completion(
+    response_id: str, created: int, model: str, choices: Sequence[dict[str, Any]], usage_body: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": list(choices),
+        "usage": usage_body,
+    }
+
+
+class ChunkEncoder:
+    """Stream chunks of one response as SSE events.
+
+    Every chunk of a response repeats its id, object, created and model; they are encoded once,
+    and each chunk encodes only its choices (the per-token cost of streaming is mostly here).
+    With ``include_usage`` every chunk carries ``"usage": null`` and the last one the usage, with
+    no choices, as OpenAI sends them.
+    """
+
+    def __init__(self, response_id: str, object: str, created: int, model: str, *, include_usage: bool) -> None:
+        head = dumps({"id": response_id, "object": object, "created": created, "model": model})
+        self._head = "data: " + head[:-1] + ',"choices":'
+        self._tail = ',"usage":null}\n\n' if include_usage else "}\n\n"
+
+    def chunk(self, choices: list[dict[str, Any]]) -> str:
+        return self._head + dumps(choices) + self._tail
+
+    def usage_chunk(self, usage_body: dict[str, Any]) -> str:
+        return self._head + '[],"usage":' + dumps(usage_body) + "}\n\n"
+
+
+def completion(
+    response_id: str, created: int, model: str, choices: Sequence[dict[str, Any]], usage_body: dict[str, Any] | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": list(choices),
+    }
+    if usage_body is not None:
+        body["usage"] = usage_body
+    return body

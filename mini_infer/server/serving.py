@@ -1,0 +1,226 @@
+"""What the endpoints share: server state, prompt limits, submission, logprob tokens (chapter 11).
+
+``ServerState`` is one app's world: its configuration, its ``AsyncEngine`` (the engine thread),
+its metrics, and the worker thread in which prompts are rendered and tokenized, so that a long
+chat template never holds up the event loop.
+
+A request's length is checked here, before it reaches the engine, so that a prompt that is too
+long gets a 400 that says how long it is and what the limit is, streaming or not. The engine
+checks again (``RequestTooLongError``); its refusal also becomes a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from mini_infer.engine import EngineConfig, LLMEngine
+from mini_infer.outputs import RequestOutput, TokenLogprob
+from mini_infer.server import DEFAULT_MAX_BODY_BYTES
+from mini_infer.server.async_engine import (
+    AsyncEngine,
+    Choice,
+    EngineInfo,
+    EngineUnavailableError,
+    RequestRejectedError,
+    RequestStream,
+)
+from mini_infer.server.metrics import ServerMetrics
+from mini_infer.server.protocol import APIError, bad_request, safe_logprob
+from mini_infer.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    model: str = "tiny"
+    served_model_name: str | None = None  # the name clients send as "model"; default: ``model``
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig's other fields
+    show_progress: bool = True
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def unavailable(reason: str) -> APIError:
+    return APIError(503, reason, type="server_error", code="engine_unavailable")
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, engine_factory: Callable[[], LLMEngine] | None = None) -> None:
+        self.config = config
+        self.model_name = config.model_name
+        self.created = int(time.time())
+        self.metrics = ServerMetrics()
+        factory = engine_factory or (
+            lambda: LLMEngine(EngineConfig(model=config.model, show_progress=config.show_progress, **config.engine_kwargs))
+        )
+        self.engine = AsyncEngine(factory, observer=self.metrics)
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="mini-infer-tokenizer")
+        self._token_texts: TokenTexts | None = None
+
+    def close(self) -> None:
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    def ready(self) -> tuple[EngineInfo, Tokenizer]:
+        reason = self.engine.unavailable()
+        if reason is not None:
+            raise unavailable(reason)
+        assert self.engine.info is not None and self.engine.tokenizer is not None
+        return self.engine.info, self.engine.tokenizer
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        if self._token_texts is None:
+            _, tokenizer = self.ready()
+            self._token_texts = TokenTexts(tokenizer)
+        return self._token_texts
+
+    async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run tokenizer work (templates, encoding) off the event loop, one job at a time."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
+
+    async def submit(self, choices: list[Choice], group: str) -> RequestStream:
+        try:
+            return await self.engine.submit(choices, group)
+        except RequestRejectedError as exc:
+            raise bad_request(str(exc), code="context_length_exceeded" if "context length" in str(exc) else None) from None
+        except EngineUnavailableError as exc:
+            raise unavailable(str(exc)) from None
+
+
+def check_token_ids(token_ids: Sequence[int], info: EngineInfo, param: str) -> None:
+    bad = next((t for t in token_ids if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{param}: token id {bad} is outside the vocabulary [0, {info.vocab_size})", param=param)
+
+
+def resolve_max_tokens(info: EngineInfo, prompt_tokens: int, requested: int | None, default: int | None, *, prompt_param: str) -> int:
+    """The request's max_tokens, checked against the context (OpenAI's context-length error)."""
+    if prompt_tokens == 0:
+        raise bad_request(f"{prompt_param}: the prompt is empty", param=prompt_param)
+    limit = min(info.max_model_len, info.max_pool_tokens)
+    if limit == info.max_model_len:
+        limit_text = f"This model's maximum context length is {limit} tokens"
+    else:
+        limit_text = f"This server's KV cache holds at most {limit} tokens for one request (the model's context is {info.max_model_len})"
+    if requested is None:
+        room = limit - prompt_tokens
+        if room < 1:
+            raise bad_request(
+                f"{limit_text}. However, your {prompt_param} resulted in {prompt_tokens} tokens, which leaves no room "
+                f"to generate ({prompt_tokens} + at least 1 > {limit}). Please reduce the length of the {prompt_param}.",
+                param=prompt_param, code="context_length_exceeded",
+            )
+        return room if default is None else min(default, room)
+    if prompt_tokens + requested > limit:
+        raise bad_request(
+            f"{limit_text}. However, you requested {prompt_tokens + requested} tokens ({prompt_tokens} in the "
+            f"{prompt_param}, {requested} in the completion). Please reduce the length of the {prompt_param} or completion.",
+            param=prompt_param, code="context_length_exceeded",
+        )
+    return requested
+
+
+@dataclass(slots=True)
+class Merged:
+    """Consecutive outputs of one choice, folded into one (a client that fell behind)."""
+
+    out: RequestOutput  # the latest: cumulative fields, finished, finish_reason
+    new_text: str
+    new_token_ids: list[int]
+
+
+def merge_batch(batch: list[tuple[int, RequestOutput]]) -> list[tuple[int, Merged]]:
+    merged: dict[int, Merged] = {}
+    for index, out in batch:
+        m = merged.get(index)
+        if m is None:
+            merged[index] = Merged(out, out.new_text, list(out.new_token_ids))
+        else:
+            m.out, m.new_text = out, m.new_text + out.new_text
+            m.new_token_ids.extend(out.new_token_ids)
+    return list(merged.items())
+
+
+# --------------------------------------------------------------------------------------------
+# Token strings for logprobs
+# --------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the printable character that stands for each byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, codes)}
+
+
+class TokenTexts:
+    """Each token's text and bytes, as OpenAI's logprobs report them (cached per id).
+
+    A byte-level BPE token can be part of a character: its ``bytes`` are exact, and its text is
+    those bytes decoded with U+FFFD for the incomplete part (as OpenAI does).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._hf = tokenizer.hf
+        self._added = {i for i in getattr(self._hf, "added_tokens_decoder", {})}
+        decoder = getattr(getattr(self._hf, "backend_tokenizer", None), "decoder", None)
+        self._byte_level = "ByteLevel" in type(decoder).__name__ or "ByteLevel" in repr(decoder)
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is not None:
+            return hit
+        piece = self._hf.convert_ids_to_tokens(token_id)
+        if piece is None:
+            data = b""  # an id past the tokenizer's vocabulary (a padded embedding table)
+        elif self._byte_level and token_id not in self._added and all(c in _byte_decoder() for c in piece):
+            data = bytes(_byte_decoder()[c] for c in piece)
+        else:
+            data = str(self._hf.decode([token_id])).encode()
+        result = (data.decode("utf-8", errors="replace"), list(data))
+        self._cache[token_id] = result
+        return result
+
+    def chat_entry(self, entry: TokenLogprob) -> dict[str, Any]:
+        text, data = self(entry.token_id)
+        top = []
+        for token_id, logprob in entry.top.items():
+            t, b = self(token_id)
+            top.append({"token": t, "logprob": safe_logprob(logprob), "bytes": b})
+        return {"token": text, "logprob": safe_logprob(entry.logprob), "bytes": data, "top_logprobs": top}
+
+    def completion_logprobs(self, entries: Sequence[TokenLogprob], text_offset: int) -> tuple[dict[str, Any], int]:
+        """OpenAI's legacy logprobs object for some tokens; returns it and the next text offset."""
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        for entry in entries:
+            text, _ = self(entry.token_id)
+            tokens.append(text)
+            token_logprobs.append(safe_logprob(entry.logprob))
+            tops.append({self(t)[0]: safe_logprob(lp) for t, lp in entry.top.items()})
+            offsets.append(text_offset)
+            text_offset += len(text)
+        body = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+        return body, text_offset
