@@ -4,6 +4,7 @@
     mini-infer serve --model tiny --port 8000       (chapter 11: the OpenAI-compatible server)
     mini-infer random-model OUT_DIR --shape qwen2.5-0.5b
     mini-infer bench offline            (chapter 06: the engine against transformers and the roofline)
+    mini-infer bench prefix-cache       (chapter 08: prefix-cache hits and prefill time saved)
     mini-infer bench serve              (chapter 12: servebench against any OpenAI-compatible server)
 
 Each subcommand is a thin layer over the package's public API.
@@ -102,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     offline_bench.add_arguments(offline)
     offline.set_defaults(func=offline_bench.main)
+    prefix = bench_sub.add_parser("prefix-cache", help="hit rate and prefill time saved on a shared-prefix workload")
+    from mini_infer.bench import prefix_cache as prefix_bench
+
+    prefix_bench.add_arguments(prefix)
+    prefix.set_defaults(func=prefix_bench.run)
     serve_bench_parser = bench_sub.add_parser("serve", help="servebench: load any OpenAI-compatible server and measure it")
     from mini_infer.bench.serve import cli as serve_bench
 

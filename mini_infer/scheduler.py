@@ -159,8 +159,10 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 seq.num_blocks_offered = 0
                 break
-            if seq.num_output_tokens == 0:
-                # Counted once per request, at its first admission (not again after a preemption).
+            if not seq.was_admitted:
+                # Counted once per request, at its first admission (not again after a preemption,
+                # when it may even match blocks it cached itself).
+                seq.was_admitted = True
                 self.prefix_cache_query_tokens += seq.num_prompt_tokens
                 self.prefix_cache_hit_tokens += cache_hit
                 seq.num_cached_prompt_tokens = cache_hit

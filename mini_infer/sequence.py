@@ -42,6 +42,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache (chapter 08)
     num_blocks_offered: int = 0  # leading full blocks already offered to the prefix cache
+    was_admitted: bool = False  # has run at least once (prefix-cache statistics count the first time)
     block_table: BlockTable = field(default_factory=BlockTable)
     status: SequenceStatus = SequenceStatus.WAITING
     parent: Sequence | None = None  # for the n choices of one request: shares its prompt blocks
