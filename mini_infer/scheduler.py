@@ -159,7 +159,7 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 seq.num_blocks_offered = 0
                 break
-            if not seq.was_admitted:
+            if not seq.was_admitted and self.prefix_cache is not None:
                 # Counted once per request, at its first admission (not again after a preemption,
                 # when it may even match blocks it cached itself).
                 seq.was_admitted = True
