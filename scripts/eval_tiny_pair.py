@@ -17,6 +17,12 @@ step yields (at most ``k + 1``).
 
 from __future__ import annotations
 
+import os
+
+# Set before torch loads OpenMP: threads that wait at a barrier sleep instead of spinning. On a
+# 2-core machine shared with other work, spinning made a training step 4x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import json
 import time

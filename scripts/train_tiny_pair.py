@@ -20,6 +20,12 @@ count, so in practice the same weights too).
 
 from __future__ import annotations
 
+import os
+
+# Set before torch loads OpenMP: threads that wait at a barrier sleep instead of spinning. On a
+# 2-core machine shared with other work, spinning made a training step 4x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import importlib.util
 import json
@@ -90,25 +96,32 @@ def assistant_spans(text: str, messages: list[tiny_corpus.Message]) -> list[tupl
     return spans
 
 
-def encode_corpus(
-    tokenizer: Any, conversations: list[list[tiny_corpus.Message]]
-) -> list[tuple[list[int], list[int]]]:
-    """Token ids and labels of every conversation; labels are ``IGNORE`` outside assistant replies."""
-    texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in conversations]
-    encoded = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=False)
-    examples = []
-    for text, messages, ids, offsets in zip(
-        texts, conversations, encoded["input_ids"], encoded["offset_mapping"]
-    ):
-        spans = assistant_spans(text, messages)
-        labels = [
-            token if any(s <= begin and end <= e for s, e in spans) else IGNORE
-            for token, (begin, end) in zip(ids, offsets)
-        ]
-        examples.append((ids, labels))
+Example = tuple[torch.Tensor, torch.Tensor]  # token ids and labels of one conversation, int16
+ENCODE_CHUNK = 4096  # conversations tokenized at once: bounds the memory the offsets take
+
+
+def encode_corpus(tokenizer: Any, conversations: list[list[tiny_corpus.Message]]) -> list[Example]:
+    """Token ids and labels of every conversation; labels are ``IGNORE`` outside assistant replies.
+    Stored as int16 tensors: Python lists of ints took 3.5 GB for the whole corpus, and a shared
+    machine's out-of-memory killer picks the biggest process."""
+    assert len(tokenizer) < 2**15
+    examples: list[Example] = []
+    for chunk_start in range(0, len(conversations), ENCODE_CHUNK):
+        chunk = conversations[chunk_start : chunk_start + ENCODE_CHUNK]
+        texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in chunk]
+        encoded = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=False)
+        for text, messages, ids, offsets in zip(
+            texts, chunk, encoded["input_ids"], encoded["offset_mapping"]
+        ):
+            spans = assistant_spans(text, messages)
+            labels = [
+                token if any(s <= begin and end <= e for s, e in spans) else IGNORE
+                for token, (begin, end) in zip(ids, offsets)
+            ]
+            examples.append((torch.tensor(ids, dtype=torch.int16), torch.tensor(labels, dtype=torch.int16)))
     # The masked tokens must spell out exactly the replies: a check on the offsets logic.
-    for (_, labels), messages in zip(examples[:50], conversations[:50]):
-        kept = tokenizer.decode([t for t in labels if t != IGNORE])
+    for (_, stored), messages in zip(examples[:50], conversations[:50]):
+        kept = tokenizer.decode([t for t in stored.tolist() if t != IGNORE])
         assert kept == "".join(m["content"] + IM_END for m in messages if m["role"] == "assistant"), kept
     return examples
 
@@ -136,9 +149,7 @@ def length_grouped_batches(
 PAD_MULTIPLE = 8
 
 
-def collate(
-    examples: list[tuple[list[int], list[int]]], indices: list[int], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(examples: list[Example], indices: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids`` and ``labels``. No attention mask: with causal attention, padding
     at the end is never attended to by the real tokens before it, and it carries no loss.
     Widths are rounded up to a multiple of 8: a new tensor shape at almost every step made the
@@ -148,8 +159,8 @@ def collate(
     labels = torch.full((len(indices), width), IGNORE)
     for row, i in enumerate(indices):
         tokens, targets = examples[i]
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-        labels[row, : len(targets)] = torch.tensor(targets)
+        ids[row, : len(tokens)] = tokens
+        labels[row, : len(targets)] = targets
     return ids, labels
 
 
@@ -172,7 +183,7 @@ def new_model(config: dict[str, Any], seed: int) -> Qwen2ForCausalLM:
 
 
 @torch.no_grad()
-def mean_loss(model: Qwen2ForCausalLM, examples: list[tuple[list[int], list[int]]], pad_id: int) -> float:
+def mean_loss(model: Qwen2ForCausalLM, examples: list[Example], pad_id: int) -> float:
     model.eval()
     total, count = 0.0, 0
     for start in range(0, len(examples), 64):
@@ -189,8 +200,8 @@ def train(
     name: str,
     model: Qwen2ForCausalLM,
     settings: TrainSettings,
-    examples: list[tuple[list[int], list[int]]],
-    held_out: list[tuple[list[int], list[int]]],
+    examples: list[Example],
+    held_out: list[Example],
     pad_id: int,
     seed: int,
     log_path: Path,
@@ -433,6 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = build_tokenizer(tiny_corpus.corpus_texts(conversations), TOKENIZER_VOCAB)
     vocab_size = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     examples = encode_corpus(tokenizer, conversations)
+    del conversations
     held_out_chats = [
         q.messages() + [{"role": "assistant", "content": q.answer}]
         for t in tiny_corpus.TASKS
