@@ -220,12 +220,20 @@ def apply_penalties(logits: Tensor, prompt_counts: Tensor, output_counts: Tensor
     return logits - presence_penalty.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
 
 
-def apply_top_k(logits: Tensor, top_k: Tensor) -> Tensor:
+def apply_top_k(logits: Tensor, top_k: Tensor, max_k: int | None = None) -> Tensor:
     """Keep each row's ``top_k`` largest logits (and any tied with the k-th). ``top_k < 1``
-    disables the filter for that row; ``top_k`` above the vocabulary is clamped."""
+    disables the filter for that row; ``top_k`` above the vocabulary is clamped.
+
+    ``max_k``, when given, must be at least every enabled row's ``top_k`` (the sampler knows it
+    from the requests): the k-th largest value then comes from ``topk(max_k)`` instead of a sort
+    of the whole row, which for a 151,936-token vocabulary and k = 50 is many times cheaper.
+    """
     vocab = logits.shape[-1]
-    k = top_k.masked_fill(top_k < 1, vocab).clamp(max=vocab)
-    kth_largest = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+    disabled = (top_k < 1) | (top_k >= vocab)
+    width = vocab if max_k is None else max(1, min(max_k, vocab))
+    k = top_k.clamp(min=1, max=width)
+    kth_largest = logits.topk(width, dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+    kth_largest = kth_largest.masked_fill(disabled.unsqueeze(1), -math.inf)
     return logits.masked_fill(logits < kth_largest, -math.inf)
 
 
@@ -274,7 +282,9 @@ def probs_from_logits(logits: Tensor, params_list: Sequence[SamplingParams]) -> 
     if any(p.top_k != -1 for p in params_list):
         # Capped before the tensor is built: a top_k beyond int64 is simply "everything".
         top_ks = [min(p.top_k, 2**31 - 1) for p in params_list]
-        scaled = apply_top_k(scaled, _to_device(top_ks, torch.long, device))
+        enabled = [k for k in top_ks if 0 < k < scaled.shape[-1]]
+        if enabled:
+            scaled = apply_top_k(scaled, _to_device(top_ks, torch.long, device), max_k=max(enabled))
     if any(p.top_p < 1.0 for p in params_list):
         scaled = apply_top_p(scaled, _to_device([p.top_p for p in params_list], torch.float32, device))
     if any(p.min_p > 0.0 for p in params_list):

@@ -53,14 +53,15 @@ TASKS: tuple[str, ...] = ("addition", "subtraction", "copy", "reverse", "count",
 
 # How often each task is drawn for a training turn: tuned on trial runs, where subtraction
 # (borrows, negative results) and copying long lists were the last to be learned, and addition,
-# counting and the capitals the first.
+# counting and the capitals the first. A 2,000-step run with copy at 0.18 copied only 71% of the
+# held-out lists (it skipped or doubled a word) while reversing 99%, hence copy's larger share.
 TASK_WEIGHTS: dict[str, float] = {
-    "addition": 0.18,
-    "subtraction": 0.28,
-    "copy": 0.18,
-    "reverse": 0.12,
-    "count": 0.10,
-    "capital": 0.14,
+    "addition": 0.16,
+    "subtraction": 0.31,
+    "copy": 0.26,
+    "reverse": 0.10,
+    "count": 0.07,
+    "capital": 0.10,
 }
 
 # The facts the capital task teaches, stated here and nowhere else.

@@ -46,3 +46,20 @@ def test_ids_beyond_the_tokenizer_decode_to_nothing(tiny_model_dir):
     config = ModelConfig.from_model_dir(tiny_model_dir)
     assert len(tokenizer) < config.vocab_size
     assert tokenizer.decode([config.vocab_size - 1]) == ""
+
+
+def test_random_model_emits_only_tokens_the_tokenizer_has(tmp_path):
+    # A vocabulary mostly of padding, as at the Qwen2.5 shapes: the padding rows of the output
+    # projection are zero, so greedy decoding picks real tokens and streams real text.
+    import torch
+
+    from mini_infer import LLM, SamplingParams
+
+    for tied in (True, False):
+        path = write_random_model(tmp_path / f"tied-{tied}", "tiny-test", vocab_size=4096, tie_word_embeddings=tied,
+                                  tokenizer_vocab_size=300, dtype="float32")
+        tokenizer_size = len(AutoTokenizer.from_pretrained(path))
+        llm = LLM(str(path), dtype=torch.float32, show_progress=False)
+        outputs = llm.generate(["hello world", "a b c"], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True), use_tqdm=False)
+        for out in outputs:
+            assert len(out.token_ids) == 24 and max(out.token_ids) < tokenizer_size, out.token_ids

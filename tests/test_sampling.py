@@ -196,7 +196,11 @@ def test_filters_batched_match_the_reference_row_by_row() -> None:
     top_p = torch.rand(64, generator=gen).clamp_min(0.01).masked_fill(torch.arange(64) % 6 == 0, 1.0)
     min_p = torch.rand(64, generator=gen) * 0.5
     rows = logits.tolist()
-    assert kept(apply_top_k(logits, top_k)) == [ref_top_k(r, int(k)) for r, k in zip(rows, top_k, strict=True)]
+    expected_top_k = [ref_top_k(r, int(k)) for r, k in zip(rows, top_k, strict=True)]
+    assert kept(apply_top_k(logits, top_k)) == expected_top_k
+    # The sampler's fast path: topk of the largest enabled k instead of a sort of every row.
+    max_k = max(int(k) for k in top_k if 0 < k < logits.shape[1])
+    assert kept(apply_top_k(logits, top_k, max_k=max_k)) == expected_top_k
     assert kept(apply_top_p(logits, top_p)) == [ref_top_p(r, float(p)) for r, p in zip(rows, top_p, strict=True)]
     assert kept(apply_min_p(logits, min_p)) == [ref_min_p(r, float(m)) for r, m in zip(rows, min_p, strict=True)]
 
