@@ -13,9 +13,9 @@ One run, deterministic from ``--seed``, builds everything from nothing on a CPU:
    (``training_log.jsonl``), its evaluation (``eval_results.json``, from
    ``scripts/eval_tiny_pair.py``) and a model card (``README.md``).
 
-About 20 minutes on two CPU cores. Same seed, same thread count: same corpus, same tokenizer,
-same initial weights and the same batches (CPU kernels are deterministic for a fixed thread
-count, so in practice the same weights too).
+About 25 minutes on two CPU cores (target 21, draft 5). Same seed, same thread count: same
+corpus, same tokenizer, same initial weights and the same batches (CPU kernels are
+deterministic for a fixed thread count, so in practice the same weights too).
 """
 
 from __future__ import annotations
