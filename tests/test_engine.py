@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.scheduler import RequestTooLongError
+from tests.engine_checks import assert_all_blocks_back, run_checked
 
 MAX_TOKENS = 32
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
@@ -34,37 +35,15 @@ def case(request, model_dirs):
     return model_dir, prompts, expected
 
 
-def _run_checked(llm: LLM, prompts, params) -> list:
-    """Drive the engine step by step, checking the block invariants after every step."""
-    engine = llm.engine
-    ids = [engine.add_request(p, params) for p in prompts]
-    finals = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-        engine.scheduler.check_invariants()
-    return [finals[i] for i in ids]
-
-
-def _assert_all_blocks_back(llm: LLM) -> None:
-    engine = llm.engine
-    cached = engine.prefix_cache.num_cached_blocks if engine.prefix_cache else 0
-    assert engine.pool.num_free_blocks + cached == engine.pool.num_blocks
-    if engine.prefix_cache:
-        engine.prefix_cache.reset()
-    assert engine.pool.num_free_blocks == engine.pool.num_blocks
-
-
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_greedy_equals_transformers_with_roomy_pool(case, prefix_caching):
     model_dir, prompts, expected = case
     llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, enable_prefix_caching=prefix_caching, show_progress=False)
-    outputs = _run_checked(llm, prompts, GREEDY)
+    outputs = run_checked(llm.engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
     assert all(o.finish_reason == "length" for o in outputs)
     assert llm.stats()["num_preemptions"] == 0
-    _assert_all_blocks_back(llm)
+    assert_all_blocks_back(llm.engine)
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
@@ -72,20 +51,20 @@ def test_greedy_unchanged_by_preemption(case, prefix_caching):
     model_dir, prompts, expected = case
     # The longest request needs 12 blocks alone; 16 blocks for 18 requests forces preemptions.
     llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=16, enable_prefix_caching=prefix_caching, show_progress=False)
-    outputs = _run_checked(llm, prompts, GREEDY)
+    outputs = run_checked(llm.engine, prompts, GREEDY)
     assert llm.stats()["num_preemptions"] > 0
     assert [o.token_ids for o in outputs] == expected
-    _assert_all_blocks_back(llm)
+    assert_all_blocks_back(llm.engine)
 
 
 def test_greedy_unchanged_by_chunked_prefill(case):
     model_dir, prompts, expected = case
     # A budget of 7 tokens chunks every prompt longer than 7, mid-block, over many steps.
     llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, max_num_batched_tokens=7, max_num_seqs=4, show_progress=False)
-    outputs = _run_checked(llm, prompts, GREEDY)
+    outputs = run_checked(llm.engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
     assert llm.stats()["steps"] > len(prompts) * MAX_TOKENS / 4
-    _assert_all_blocks_back(llm)
+    assert_all_blocks_back(llm.engine)
 
 
 def test_seeded_sampling_independent_of_the_batch(tiny_model_dir):

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from mini_infer import LLM, SamplingParams
-from mini_infer.engine import LLMEngine
+from tests.engine_checks import assert_all_blocks_back, run_checked
 
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -31,31 +31,6 @@ def shared_prefix_prompts(vocab: int, groups: int = 3, per_group: int = 3, syste
     return prompts
 
 
-def run_checked(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:
-    """Submit everything, step to the end, check the block invariants after every step."""
-    ids = [engine.add_request(p, params) for p in prompts]
-    finals = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-        engine.scheduler.check_invariants()
-        if engine.prefix_cache is not None:
-            engine.prefix_cache.check_invariants()
-    return [finals[i] for i in ids]
-
-
-def assert_all_blocks_back(engine: LLMEngine) -> None:
-    """Idle: every block is free or held by the cache alone; a reset frees them all."""
-    pool, cache = engine.pool, engine.prefix_cache
-    cached = cache.num_cached_blocks if cache is not None else 0
-    assert pool.num_free_blocks + cached == pool.num_blocks
-    if cache is not None:
-        assert cache.num_evictable_blocks == cached  # nothing is in use any more
-        cache.reset()
-    assert pool.num_free_blocks == pool.num_blocks
-
-
 def make_llm(model_dir, **kwargs) -> LLM:
     kwargs.setdefault("num_kv_blocks", 256)
     return LLM(str(model_dir), dtype="float32", show_progress=False, **kwargs)
@@ -66,7 +41,7 @@ def reference(tiny_model_dir):
     """Outputs with the cache off and a roomy pool: what every other run must reproduce."""
     llm = make_llm(tiny_model_dir, enable_prefix_caching=False)
     prompts = shared_prefix_prompts(llm.engine.model_config.vocab_size)
-    outputs = run_checked(llm.engine, prompts)
+    outputs = run_checked(llm.engine, prompts, GREEDY)
     assert llm.stats()["prefix_cache_hit_tokens"] == 0
     assert_all_blocks_back(llm.engine)
     return prompts, [o.token_ids for o in outputs]
@@ -78,7 +53,7 @@ def test_cache_on_equals_cache_off_and_counts_hits(tiny_model_dir, reference):
     # of a group is cached as soon as it is computed, so the next prompt, admitted with the
     # first one's last chunk, already finds the system prompt's two whole blocks.
     llm = make_llm(tiny_model_dir, enable_prefix_caching=True, max_num_batched_tokens=32)
-    outputs = run_checked(llm.engine, prompts)
+    outputs = run_checked(llm.engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
     stats = llm.stats()
     assert stats["prefix_cache_query_tokens"] == stats["prompt_tokens"] == sum(map(len, prompts))
@@ -104,7 +79,7 @@ def test_cache_on_equals_cache_off_under_preemption(tiny_model_dir, reference):
     # Each request needs up to 5 blocks; 7 blocks for 9 requests forces preemptions, and the
     # scheduler must evict cache-only blocks before it preempts anyone.
     llm = make_llm(tiny_model_dir, enable_prefix_caching=True, num_kv_blocks=7)
-    outputs = run_checked(llm.engine, prompts)
+    outputs = run_checked(llm.engine, prompts, GREEDY)
     assert llm.stats()["num_preemptions"] > 0
     assert [o.token_ids for o in outputs] == expected
     assert_all_blocks_back(llm.engine)

@@ -30,7 +30,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mini_infer.server.async_engine import Choice, EngineUnavailableError, RequestStream
-from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
 from mini_infer.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
@@ -45,20 +44,19 @@ from mini_infer.server.protocol import (
     usage,
 )
 from mini_infer.server.serving import (
+    Call,
     ServerState,
     TokenTexts,
     check_token_ids,
     merge_batch,
     resolve_max_tokens,
+    respond,
     unavailable,
 )
 from mini_infer.server.tool_calls import TOOL_CALL_START, ParserDelta, ToolCallParser
 from mini_infer.tokenizer import Tokenizer
 
 logger = logging.getLogger("mini_infer.server")
-
-# HTTP 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
-CLIENT_CLOSED = 499
 
 
 @dataclass(slots=True)
@@ -120,33 +118,22 @@ async def create_chat_completion(state: ServerState, request: Request, body: dic
     # From here on every way out must abort the stream: nothing below raises before the
     # try/finally or the streaming generator (whose finally aborts) takes it over.
     stream = await state.submit(choices, response_id)
-    call = _ChatCall(state, req, stream, prompt, response_id, texts)
-    if req.stream:
-        return EventStreamResponse(call.events())
-    try:
-        disconnected, _ = await run_until_disconnect(request.receive, call.collect())
-    except EngineUnavailableError as exc:  # the engine died while we waited
-        raise unavailable(str(exc)) from None
-    finally:
-        stream.abort()  # a no-op when every choice finished
-    if disconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    return json_response(call.response())
+    return await respond(request, _ChatCall(state, req, stream, prompt, response_id, texts), bool(req.stream))
 
 
-class _ChatCall:
+class _ChatCall(Call):
     """One chat completion in flight: per-choice parsers and counters, and the two ways out."""
 
     def __init__(
         self, state: ServerState, req: ChatCompletionRequest, stream: RequestStream, prompt: _Prompt, response_id: str,
         texts: TokenTexts | None,
     ) -> None:
-        self.state, self.req, self.stream, self.prompt = state, req, stream, prompt
+        super().__init__(stream)
+        self.state, self.req, self.prompt = state, req, prompt
         self.response_id = response_id
         self.created = int(time.time())
         n = len(stream.request_ids)
         self.parsers = [ToolCallParser() if prompt.parse_tools else None for _ in range(n)]
-        self.finals: list[Any] = [None] * n
         self.logprobs_sent = [0] * n
         self.texts = texts
         self.encoder = ChunkEncoder(response_id, "chat.completion.chunk", self.created, state.model_name, include_usage=req.include_usage)
@@ -163,11 +150,6 @@ class _ChatCall:
         return usage(len(self.prompt.token_ids), completion_tokens, first.num_cached_tokens if first is not None else None)
 
     # ----------------------------------------------------------------- not streaming
-    async def collect(self) -> None:
-        while not self.stream.finished:
-            for index, out in await self.stream.next_batch():
-                self.finals[index] = out
-
     def response(self) -> dict[str, Any]:
         choices = []
         for index, out in enumerate(self.finals):

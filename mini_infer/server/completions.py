@@ -18,8 +18,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mini_infer.server.async_engine import Choice, EngineUnavailableError, RequestStream
-from mini_infer.server.chat import CLIENT_CLOSED
-from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
 from mini_infer.server.protocol import (
     MAX_CHOICES,
     SSE_DONE,
@@ -33,11 +31,13 @@ from mini_infer.server.protocol import (
     usage,
 )
 from mini_infer.server.serving import (
+    Call,
     ServerState,
     TokenTexts,
     check_token_ids,
     merge_batch,
     resolve_max_tokens,
+    respond,
     unavailable,
 )
 from mini_infer.tokenizer import Tokenizer
@@ -76,32 +76,21 @@ async def create_completion(state: ServerState, request: Request, body: dict[str
     response_id = f"cmpl-{uuid.uuid4().hex}"
     # From here on every way out must abort the stream (see chat.py).
     stream = await state.submit(choices, response_id)
-    call = _CompletionCall(state, req, stream, prompt_ids, n, response_id, texts)
-    if req.stream:
-        return EventStreamResponse(call.events())
-    try:
-        disconnected, _ = await run_until_disconnect(request.receive, call.collect())
-    except EngineUnavailableError as exc:  # the engine died while we waited
-        raise unavailable(str(exc)) from None
-    finally:
-        stream.abort()
-    if disconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    return json_response(call.response())
+    return await respond(request, _CompletionCall(state, req, stream, prompt_ids, n, response_id, texts), bool(req.stream))
 
 
-class _CompletionCall:
+class _CompletionCall(Call):
     def __init__(
         self, state: ServerState, req: CompletionRequest, stream: RequestStream, prompt_ids: list[list[int]], n: int, response_id: str,
         texts: TokenTexts | None,
     ) -> None:
-        self.state, self.req, self.stream = state, req, stream
+        super().__init__(stream)
+        self.state, self.req = state, req
         self.prompt_tokens = sum(len(ids) for ids in prompt_ids)
         self.response_id = response_id
         self.created = int(time.time())
         size = len(stream.request_ids)
         self.n = n
-        self.finals: list[Any] = [None] * size
         self.logprobs_sent = [0] * size
         self.text_offsets = [0] * size
         self.texts = texts
@@ -119,11 +108,6 @@ class _CompletionCall:
         self.logprobs_sent[index] += len(entries)
         body, self.text_offsets[index] = self.texts.completion_logprobs(entries, self.text_offsets[index])
         return body
-
-    async def collect(self) -> None:
-        while not self.stream.finished:
-            for index, out in await self.stream.next_batch():
-                self.finals[index] = out
 
     def response(self) -> dict[str, Any]:
         choices = [

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from mini_infer.engine import EngineConfig, LLMEngine
 from mini_infer.outputs import RequestOutput, TokenLogprob
@@ -30,6 +33,7 @@ from mini_infer.server.async_engine import (
     RequestRejectedError,
     RequestStream,
 )
+from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
 from mini_infer.server.metrics import ServerMetrics
 from mini_infer.server.protocol import APIError, bad_request, safe_logprob
 from mini_infer.tokenizer import Tokenizer
@@ -53,6 +57,46 @@ class ServerConfig:
 
 def unavailable(reason: str) -> APIError:
     return APIError(503, reason, type="server_error", code="engine_unavailable")
+
+
+# HTTP 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
+CLIENT_CLOSED = 499
+
+
+class Call:
+    """One completion request in flight, chat or plain: its choices' final outputs and the two
+    ways to answer (one JSON body, or server-sent events). Endpoints subclass it."""
+
+    def __init__(self, stream: RequestStream) -> None:
+        self.stream = stream
+        self.finals: list[Any] = [None] * len(stream.request_ids)
+
+    async def collect(self) -> None:
+        while not self.stream.finished:
+            for index, out in await self.stream.next_batch():
+                self.finals[index] = out
+
+    def response(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def events(self) -> AsyncGenerator[str, None]:
+        raise NotImplementedError
+
+
+async def respond(request: Request, call: Call, streaming: bool) -> Response:
+    """Answer with ``call``: a stream (whose generator aborts the request when it ends), or the
+    whole response once every choice finished; a client that leaves first frees its blocks."""
+    if streaming:
+        return EventStreamResponse(call.events())
+    try:
+        disconnected, _ = await run_until_disconnect(request.receive, call.collect())
+    except EngineUnavailableError as exc:  # the engine died while we waited
+        raise unavailable(str(exc)) from None
+    finally:
+        call.stream.abort()  # a no-op when every choice finished
+    if disconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    return json_response(call.response())
 
 
 class ServerState:

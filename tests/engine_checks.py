@@ -1,0 +1,33 @@
+"""Driving an engine to the end while checking its block accounting (shared by the engine tests)."""
+
+from __future__ import annotations
+
+from mini_infer.engine import LLMEngine
+from mini_infer.outputs import RequestOutput
+from mini_infer.sampling import SamplingParams
+
+
+def run_checked(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+    """Submit everything, step to the end, check the scheduler's (and the prefix cache's) block
+    invariants after every step; the finished outputs in submission order."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        engine.scheduler.check_invariants()
+        if engine.prefix_cache is not None:
+            engine.prefix_cache.check_invariants()
+    return [finals[i] for i in ids]
+
+
+def assert_all_blocks_back(engine: LLMEngine) -> None:
+    """Idle: every block is free or held by the cache alone; a reset frees them all."""
+    pool, cache = engine.pool, engine.prefix_cache
+    cached = cache.num_cached_blocks if cache is not None else 0
+    assert pool.num_free_blocks + cached == pool.num_blocks
+    if cache is not None:
+        assert cache.num_evictable_blocks == cached  # nothing is in use any more
+        cache.reset()
+    assert pool.num_free_blocks == pool.num_blocks
