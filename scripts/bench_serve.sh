@@ -55,23 +55,17 @@ start_server() {  # model directory, then extra `mini-infer serve` options
     "$BIN/mini-infer" serve --model "$MODEL" --served-model-name bench --dtype "$DTYPE" \
         --port "$PORT" --log-level warning "$@" &
     SERVER_PID=$!
-    "$BIN/python" - "$URL" "$SERVER_PID" <<'EOF'
-import os, sys, time, httpx
-url, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 300
-while time.monotonic() < deadline:
+    "$BIN/python" -c 'import os, sys
+from mini_infer.server.background import wait_until_healthy
+
+def alive(pid=int(sys.argv[2])):
     try:
         os.kill(pid, 0)
+        return True
     except ProcessLookupError:
-        sys.exit("the server exited during start-up")
-    try:
-        if httpx.get(url + "/health", timeout=2).status_code == 200:
-            sys.exit(0)
-    except httpx.TransportError:
-        pass
-    time.sleep(0.2)
-sys.exit("the server was not ready within 300 s")
-EOF
+        return False
+
+wait_until_healthy(sys.argv[1], 300, alive)' "$URL" "$SERVER_PID"
 }
 
 servebench() {

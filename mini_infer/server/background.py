@@ -8,7 +8,8 @@ so parallel runs never collide), and waits until the server is listening::
         server.wait_ready()                      # /health answers 200: the model is loaded
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
 
-Loopback only by default. Every wait is bounded.
+Loopback only by default. Every wait is bounded. ``wait_until_healthy`` is the same wait for a
+server in another process (``bench_overhead``, ``scripts/bench_serve.sh``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 import httpx
@@ -53,17 +55,7 @@ class BackgroundServer:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Wait until ``/health`` answers 200 (the model is loaded)."""
-        deadline = time.monotonic() + timeout
-        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
-            while True:
-                try:
-                    if client.get("/health").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the engine was not ready within {timeout} s")
-                time.sleep(0.05)
+        wait_until_healthy(self.base_url, timeout, alive=self._thread.is_alive, poll_s=0.05)
 
     def stop(self, timeout: float = 15.0) -> None:
         self._server.should_exit = True
@@ -75,3 +67,23 @@ class BackgroundServer:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def wait_until_healthy(
+    base_url: str, timeout: float, alive: Callable[[], bool] = lambda: True, poll_s: float = 0.2
+) -> None:
+    """Poll ``GET /health`` until it answers 200. ``RuntimeError`` as soon as ``alive()`` says the
+    server is gone (no point waiting out the timeout), ``TimeoutError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=base_url, timeout=5.0) as client:
+        while True:
+            if not alive():
+                raise RuntimeError(f"the server at {base_url} exited before it was ready")
+            try:
+                if client.get("/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server at {base_url} was not ready within {timeout} s")
+            time.sleep(poll_s)

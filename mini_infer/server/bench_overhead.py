@@ -40,6 +40,7 @@ import torch
 from mini_infer.llm import LLM
 from mini_infer.offline_models import NAMED_SHAPES, ModelShape, write_random_model
 from mini_infer.sampling import SamplingParams
+from mini_infer.server.background import wait_until_healthy
 
 CACHE_DIR = Path.home() / ".cache" / "mini-infer" / "random-models"
 # Between the test shapes (a step is mostly Python overhead) and Qwen2.5-0.5B (minutes per run
@@ -120,17 +121,10 @@ def start_server(args: argparse.Namespace, path: Path, port: int) -> subprocess.
 
 
 def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {server.stderr.read().decode() if server.stderr else ''}")
-        try:
-            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"the server was not ready within {timeout} s")
+    try:
+        wait_until_healthy(base_url, timeout, alive=lambda: server.poll() is None)
+    except RuntimeError:
+        raise RuntimeError(f"the server exited: {server.stderr.read().decode() if server.stderr else ''}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
