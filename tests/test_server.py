@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from mini_infer import LLM, SamplingParams
-from mini_infer.engine import LLMEngine
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
+from tests.server_checks import assert_all_blocks_back, on_engine, wait_idle
 
 pytestmark = pytest.mark.timeout(180)  # a hung socket or thread fails its test, not the run
 
@@ -58,27 +58,6 @@ def client(server: BackgroundServer) -> Iterator[openai.OpenAI]:
 def http(server: BackgroundServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30) as c:
         yield c
-
-
-def on_engine(server: BackgroundServer, fn: Any) -> Any:
-    return server.app.state.server.engine.call(fn).result(timeout=30)
-
-
-def wait_idle(server: BackgroundServer, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while on_engine(server, lambda e: e.has_unfinished_requests()):
-        assert time.monotonic() < deadline, "requests still in the engine"
-        time.sleep(0.05)
-
-
-def assert_all_blocks_back(server: BackgroundServer) -> None:
-    def check(engine: LLMEngine) -> tuple[int, int, int]:
-        engine.scheduler.check_invariants()
-        cached = engine.prefix_cache.num_cached_blocks if engine.prefix_cache else 0
-        return engine.pool.num_free_blocks, cached, engine.pool.num_blocks
-
-    free, cached, total = on_engine(server, check)
-    assert free + cached == total
 
 
 def greedy(max_tokens: int) -> SamplingParams:

@@ -12,14 +12,13 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 
 from mini_infer import LLM, SamplingParams
-from mini_infer.engine import LLMEngine
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
+from tests.server_checks import assert_all_blocks_back, on_engine, wait_idle
 
 pytestmark = pytest.mark.timeout(180)  # a hung socket or thread fails its test, not the run
 
@@ -33,10 +32,6 @@ def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
     with BackgroundServer(build_app(config)) as srv:
         srv.wait_ready(timeout=60)
         yield srv
-
-
-def on_engine(server: BackgroundServer, fn: Any) -> Any:
-    return server.app.state.server.engine.call(fn).result(timeout=30)
 
 
 def async_client(server: BackgroundServer) -> openai.AsyncOpenAI:
@@ -102,18 +97,8 @@ def test_100_cancelled_streams_free_every_block(server: BackgroundServer) -> Non
     seen = asyncio.run(run())
     assert all(s >= 1 for s in seen)
 
-    deadline = time.monotonic() + 30
-    while on_engine(server, lambda e: e.has_unfinished_requests()):
-        assert time.monotonic() < deadline, "cancelled requests are still in the engine"
-        time.sleep(0.05)
-
-    def blocks(engine: LLMEngine) -> tuple[int, int, int]:
-        engine.scheduler.check_invariants()
-        cached = engine.prefix_cache.num_cached_blocks if engine.prefix_cache else 0
-        return engine.pool.num_free_blocks, cached, engine.pool.num_blocks
-
-    free, cached, total = on_engine(server, blocks)
-    assert free + cached == total
+    wait_idle(server, timeout=30)
+    assert_all_blocks_back(server)
     generated = on_engine(server, lambda e: e.stats()["generated_tokens"]) - before
     assert generated < len(prompts) * max_tokens  # they were aborted, not run to the end
 
