@@ -69,7 +69,11 @@ def _generate(args: argparse.Namespace) -> int:
 def _random_model(args: argparse.Namespace) -> int:
     from mini_infer.offline_models import write_random_model
 
-    path = write_random_model(args.out, args.shape, seed=args.seed, dtype=args.dtype)
+    try:
+        path = write_random_model(args.out, args.shape, seed=args.seed, dtype=args.dtype)
+    except ValueError as exc:
+        print(f"mini-infer random-model: error: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote a random-weight {args.shape} model to {path}")
     return 0
 
@@ -116,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rnd = sub.add_parser("random-model", help="write a random-weight Qwen2 model directory (offline)")
     rnd.add_argument("out")
-    rnd.add_argument("--shape", default="qwen2.5-0.5b", help="qwen2.5-0.5b, qwen2.5-1.5b, tiny-test, small-test")
+    rnd.add_argument("--shape", default="qwen2.5-0.5b", help="qwen2.5-0.5b, qwen2.5-1.5b, tiny-test, small-test, bench-small")
     rnd.add_argument("--dtype", default="bfloat16")
     rnd.add_argument("--seed", type=int, default=0)
     rnd.set_defaults(func=_random_model)

@@ -69,6 +69,9 @@ NAMED_SHAPES: dict[str, ModelShape] = {
     # Small shapes for tests and notebooks: fast on a 2-core CPU, still grouped-query attention.
     "tiny-test": ModelShape(64, 128, 2, 4, 2, 512, max_position_embeddings=2048),
     "small-test": ModelShape(128, 256, 3, 8, 2, 1024, tie_word_embeddings=False, max_position_embeddings=4096),
+    # For benchmarks between the test shapes (a step is mostly Python overhead) and Qwen2.5-0.5B
+    # (minutes per run on a laptop CPU): a step does real work, yet runs anywhere.
+    "bench-small": ModelShape(384, 1024, 6, 6, 2, 8192, max_position_embeddings=4096),
 }
 
 
@@ -234,6 +237,8 @@ def write_random_model(
     at the Qwen2.5 shapes 99% of the ids are padding, and a model that emitted them would stream
     empty text, which skews every streaming benchmark's time to first token.
     """
+    if isinstance(shape, str) and shape not in NAMED_SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: use one of {', '.join(NAMED_SHAPES)} or a ModelShape")
     base = NAMED_SHAPES[shape] if isinstance(shape, str) else shape
     model_shape = replace(base, **overrides)
     directory = Path(path)

@@ -30,6 +30,13 @@ def test_random_model_command(tmp_path, capsys):
     assert (tmp_path / "m" / "config.json").is_file()
 
 
+def test_random_model_unknown_shape_names_the_choices(tmp_path, capsys):
+    assert main(["random-model", str(tmp_path / "m"), "--shape", "qwen9"]) == 2
+    err = capsys.readouterr().err
+    assert "'qwen9'" in err and "qwen2.5-0.5b" in err and "bench-small" in err
+    assert not (tmp_path / "m").exists()
+
+
 def test_bench_offline_smoke(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(["bench", "offline", "--model", str(tiny_model_dir), "--dtype", "float32", "--num-prompts", "3",

@@ -30,33 +30,17 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 
+from mini_infer.bench.offline import random_model_dir
 from mini_infer.llm import LLM
-from mini_infer.offline_models import NAMED_SHAPES, ModelShape, write_random_model
+from mini_infer.offline_models import NAMED_SHAPES
 from mini_infer.sampling import SamplingParams
 from mini_infer.server.background import wait_until_healthy
-
-CACHE_DIR = Path.home() / ".cache" / "mini-infer" / "random-models"
-# Between the test shapes (a step is mostly Python overhead) and Qwen2.5-0.5B (minutes per run
-# on a laptop CPU): big enough that a step does real work, small enough to run anywhere.
-SHAPES: dict[str, ModelShape] = {
-    **NAMED_SHAPES,
-    "bench-small": ModelShape(384, 1024, 6, 6, 2, 8192, max_position_embeddings=4096),
-}
-
-
-def model_dir(shape: str, dtype: str) -> Path:
-    path = CACHE_DIR / f"{shape}-{dtype}"
-    if not (path / "config.json").is_file():
-        print(f"writing a random-weight {shape} model to {path} (once)", flush=True)
-        write_random_model(path, replace(SHAPES[shape]), seed=0, dtype=dtype)
-    return path
 
 
 def free_port() -> int:
@@ -128,7 +112,7 @@ def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout: float = 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", default="bench-small", choices=sorted(SHAPES))
+    parser.add_argument("--shape", default="bench-small", choices=sorted(NAMED_SHAPES))
     parser.add_argument("--model", default=None, help="a model directory (default: a random-weight --shape model)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
@@ -149,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    path = Path(args.model) if args.model else model_dir(args.shape, args.dtype)
+    path = Path(args.model) if args.model else random_model_dir(args.shape, args.dtype)
     rng = random.Random(args.seed)
     lo, hi = args.input_len
     llm = LLM(
