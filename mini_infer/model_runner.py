@@ -2,7 +2,7 @@
 
 The scheduler says which sequences run and how many new tokens each brings. The runner lays
 those tokens out flat (prefill chunks first, then the batched group of sequences that bring the
-same number of tokens: decodes), builds the paged-attention metadata once for all layers, runs
+same number of tokens: decodes, shortest context first), builds the paged-attention metadata once for all layers, runs
 the model, and computes logits only where a token will be sampled: the last position of every
 chunk that reaches the end of its sequence (``num_sample_positions`` positions per sequence when
 speculative decoding verifies drafts).
@@ -24,7 +24,7 @@ from mini_infer.scheduler import ScheduledSequence
 
 @dataclass(slots=True)
 class StepResult:
-    logits: torch.Tensor  # [rows, vocab] float32, one row per sampled position
+    logits: torch.Tensor  # [rows, vocab] in the model's dtype, one row per sampled position
     rows_of: list[range]  # for each scheduled sequence (schedule order): its rows in ``logits``
 
 
@@ -40,7 +40,8 @@ class ModelRunner:
         """Run one step. Sequences that sample get ``min(num_sample_positions, new tokens)`` rows."""
         batch_q = self._batched_query_len(scheduled)
         prefills = [i for i, s in enumerate(scheduled) if s.num_new_tokens != batch_q]
-        batched = [i for i, s in enumerate(scheduled) if s.num_new_tokens == batch_q]
+        # Shortest context first: the attention buckets of the group then hold similar lengths.
+        batched = sorted((i for i, s in enumerate(scheduled) if s.num_new_tokens == batch_q), key=lambda i: scheduled[i].context_len)
         order = prefills + batched
 
         input_ids: list[int] = []
@@ -75,9 +76,10 @@ class ModelRunner:
             rows_of.append(range(len(sample_index), len(sample_index) + k))
             sample_index.extend(range(end - k, end))
         if not sample_index:
-            return StepResult(torch.empty(0, self.model.config.vocab_size, device=self.device), rows_of)
+            return StepResult(torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype, device=self.device), rows_of)
         index = torch.tensor(sample_index, dtype=torch.long, device=self.device)
-        return StepResult(self.model.compute_logits(hidden.index_select(0, index)), rows_of)
+        # The model's dtype: a greedy step never needs a float32 copy of [rows, vocab] logits.
+        return StepResult(self.model.compute_logits(hidden.index_select(0, index), dtype=self.model.dtype), rows_of)
 
     @staticmethod
     def _batched_query_len(scheduled: list[ScheduledSequence]) -> int:

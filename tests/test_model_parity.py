@@ -1,10 +1,13 @@
-"""The model against Hugging Face ``transformers`` with the same weights (fp32, max |diff| <= 1e-4)."""
+"""The model against Hugging Face ``transformers`` with the same weights (fp32, max |diff| <= 1e-4),
+and the bf16 model with prepacked CPU weights against the plain one."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from mini_infer.model import ContiguousKVCache, FullAttention, Qwen2Model
+from mini_infer.layers import can_prepack, linear, prepack_linear_weight
+from mini_infer.model import ContiguousKVCache, FullAttention, Qwen2Layer, Qwen2Model
 from tests.conftest import MODEL_VARIANTS
 
 TOLERANCE = 1e-4
@@ -59,3 +62,47 @@ def test_bf16_close_to_fp32(model_dirs):
     b = bf16.compute_logits(bf16.forward(ids, torch.arange(20), FullAttention()))
     # bf16 keeps 8 bits of mantissa: errors of a few percent of the logit scale, not more.
     assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
+
+
+needs_prepack = pytest.mark.skipif(
+    not can_prepack(torch.empty(1, dtype=torch.bfloat16)), reason="this CPU's oneDNN has no bf16 matmul to prepack for"
+)
+
+
+@needs_prepack
+@pytest.mark.parametrize("rows", [1, 7, 64, 300, 512, 513])
+def test_prepacked_linear_is_as_accurate_as_f_linear(rows):
+    weight = torch.randn(96, 80).to(torch.bfloat16)
+    bias = torch.randn(96).to(torch.bfloat16)
+    x = torch.randn(rows, 80).to(torch.bfloat16)
+    packed = prepack_linear_weight(weight)
+    assert packed.is_mkldnn and torch.equal(packed.to_dense(), weight)
+    exact = x.float() @ weight.float().T + bias.float()
+    # Both round the float32 accumulation to bf16 once (the blocking may differ, so the last
+    # bit may too): each is within one bf16 rounding of the exact product.
+    for got in (linear(x, packed, bias), F.linear(x, weight, bias)):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), exact, rtol=2**-7, atol=1e-2)
+
+
+@needs_prepack
+@pytest.mark.parametrize("variant", ["tied-gqa2", "untied-gqa4"])
+def test_prepacked_model_matches_the_plain_one(model_dirs, variant):
+    plain = Qwen2Model.from_pretrained(model_dirs[variant], torch.bfloat16, show_progress=False)
+    packed = Qwen2Model.from_pretrained(model_dirs[variant], torch.bfloat16, show_progress=False)
+    assert packed.prepack_weights() and packed.prepacked and not packed.prepack_weights()
+    assert not packed.embed.is_mkldnn  # the table stays plain for lookups
+    layer = packed.layers[0]
+    assert all(getattr(layer, name).is_mkldnn for name in Qwen2Layer.MATMUL_WEIGHTS)
+    ids = torch.randint(0, plain.config.vocab_size, (40,))
+    a = plain.compute_logits(plain.forward(ids, torch.arange(40), FullAttention()))
+    b = packed.compute_logits(packed.forward(ids, torch.arange(40), FullAttention()))
+    assert (a - b).abs().max().item() < 0.02 * a.abs().max().item()
+    with pytest.raises(RuntimeError, match="prepacked"):
+        packed.load_weights([("model.norm.weight", torch.ones(packed.config.hidden_size))])
+
+
+def test_only_bf16_cpu_weights_are_prepacked(model_dirs):
+    fp32 = Qwen2Model.from_pretrained(model_dirs["tied-gqa2"], torch.float32, show_progress=False)
+    assert not fp32.prepack_weights() and not fp32.prepacked
+    assert not can_prepack(torch.empty(1, dtype=torch.float16))

