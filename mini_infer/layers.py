@@ -10,7 +10,7 @@ Everything here is plain PyTorch, the same code on CPU and CUDA:
 * ``linear``: ``x @ W.T + b``, for a plain weight or one *prepacked* once for the CPU's matrix
   units (``prepack_linear_weight``). ``F.linear`` on a bf16 CPU tensor hands oneDNN a plain
   row-major weight, which it re-lays into its blocked format on every call; a weight packed
-  once skips that: 1.3-1.9x faster matmuls at decode batch sizes on this project's 2-core CPU
+  once skips that: 1.3-2.1x faster matmuls at decode batch sizes on this project's 2-core CPU
   (chapter 02 measures it), equally accurate (both round one float32 accumulation to bf16; where
   the blocking differs, so may the last bit).
 * ``attention``: grouped-query attention on ``scaled_dot_product_attention``. The query heads
