@@ -162,7 +162,8 @@ def build_metadata(
 
 
 def _bucket_bounds(num_rows: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of equal runs of consecutive rows: one bucket per 16 rows, at most 4."""
+    """``[start, end)`` of equal runs of consecutive rows: one bucket per ``MIN_ROWS_PER_BUCKET``
+    rows, at most ``MAX_BUCKETS``."""
     count = max(1, min(MAX_BUCKETS, num_rows // MIN_ROWS_PER_BUCKET))
     bounds = [round(i * num_rows / count) for i in range(count + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
