@@ -23,9 +23,15 @@ describes it, and is passed explicitly (no global context):
   decodes of contexts spread over 150-650 tokens, four buckets gather about 30% fewer keys than one
   padded call, and a decode step of the 0.5B-shaped model took 8% less time.
 
-Tokens are laid out prefills first, then the batched group. The gather of a group reads whole
-blocks (``index_select`` over the block axis), kv-heads outermost so that the gathered tensor is
-already in the ``[kv_heads, batch, context, head_dim]`` order attention wants: no transpose copy.
+Tokens are laid out prefills first, then the batched group. A gather copies whole blocks: one
+layer's pool is viewed as a table of ``kv_heads * num_blocks`` rows of ``block_size * head_dim``
+numbers, and ``index_select`` over those rows (``_pool_rows``: every block of the table for KV
+head 0, then for head 1, ...) is one contiguous copy per block, 2-3x faster on CPU than
+``index_select`` over the pool's block axis. The result is kv-heads outermost, already in the
+``[kv_heads, batch, context, head_dim]`` order attention wants: no transpose copy. The rows to
+gather and each bucket's additive mask are computed once per step, not once per layer; with both,
+a decode step of the 0.5B-shaped model at 64 sequences took 12-13% less time (two runs,
+alternating the old and the new code step by step).
 
 Invariant: attending through the pool gives the same result as dense causal attention over each
 sequence's full K/V (tests/test_paged_attention.py checks it on ragged batches, chunks that
@@ -170,13 +176,23 @@ def _bucket_bounds(num_rows: int) -> list[tuple[int, int]]:
 
 
 class PagedAttention:
-    """The attention backend of a paged forward: ``model.forward(ids, positions, PagedAttention(cache, meta))``."""
+    """The attention backend of a paged forward: ``model.forward(ids, positions, PagedAttention(cache, meta))``.
+
+    Built once per step: everything that is the same in every layer (where the new tokens go,
+    which rows of the pool each gather reads, each bucket's additive mask) is computed here, not
+    per layer.
+    """
 
     def __init__(self, cache: PagedKVCache, metadata: PagedAttentionMetadata) -> None:
         self.cache = cache
         self.meta = metadata
         self._block_of_slot = metadata.slot_mapping // cache.block_size
         self._offset_of_slot = metadata.slot_mapping % cache.block_size
+        kv_heads = cache.k.shape[1]
+        self._span_rows = [None if span.block_table is None else _pool_rows(span.block_table[: _blocks(span.context_len, cache.block_size)], kv_heads, cache.num_blocks) for span in metadata.prefills]
+        self._bucket_rows = [_pool_rows(bucket.block_ids, kv_heads, cache.num_blocks) for bucket in metadata.batch_buckets]
+        self._bucket_bias = [_additive_mask(bucket.mask, cache.k.dtype) for bucket in metadata.batch_buckets]
+        self._bias_group = 1  # query heads per KV head that the bias rows are repeated for
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [Hkv, blocks, bs, D]
@@ -186,43 +202,69 @@ class PagedAttention:
         v_pool[:, self._block_of_slot, self._offset_of_slot] = v.transpose(0, 1)
 
         out = torch.empty_like(q)
-        for span in self.meta.prefills:
+        for span, pool_rows in zip(self.meta.prefills, self._span_rows):
             rows = slice(span.token_start, span.token_start + span.num_tokens)
-            if span.block_table is None:
+            if pool_rows is None:
                 out[rows] = attention(q[rows], k[rows], v[rows], causal=True)
             else:
-                keys = _gather(k_pool, span.block_table, span.context_len)
-                values = _gather(v_pool, span.block_table, span.context_len)
+                # [Hkv, blocks * bs, D] -> the first context_len keys, [context_len, Hkv, D]
+                keys = _gather(k_pool, pool_rows)[:, : span.context_len].transpose(0, 1)
+                values = _gather(v_pool, pool_rows)[:, : span.context_len].transpose(0, 1)
                 out[rows] = attention(q[rows], keys, values, causal=True)
         q_len = self.meta.batch_query_len
-        for bucket in self.meta.batch_buckets:
+        group = q.shape[1] // k.shape[1]
+        if q_len > 1 and group != self._bias_group:
+            # Q > 1 (speculative verification): the fold makes each query row once per query head
+            # of the group, so the mask rows are repeated to match, once per step.
+            self._bucket_bias = [_additive_mask(b.mask, q.dtype).repeat(1, 1, group, 1) for b in self.meta.batch_buckets]
+            self._bias_group = group
+        for bucket, pool_rows, bias in zip(self.meta.batch_buckets, self._bucket_rows, self._bucket_bias):
             rows = slice(self.meta.batch_start + bucket.start * q_len, self.meta.batch_start + bucket.end * q_len)
-            out[rows] = self._batched(q[rows], bucket, k_pool, v_pool)
+            out[rows] = self._batched(q[rows], bucket.end - bucket.start, _gather(k_pool, pool_rows), _gather(v_pool, pool_rows), bias)
         return out
 
-    def _batched(self, q: torch.Tensor, bucket: BatchBucket, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Attention for a bucket of B sequences with Q new tokens each: one SDPA call over their blocks."""
-        batch = bucket.end - bucket.start
+    def _batched(self, q: torch.Tensor, batch: int, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Attention for a bucket of B sequences with Q new tokens each: one SDPA call over their
+        gathered blocks (``keys``, ``values``: ``[Hkv, B * ctx, D]``)."""
         num_q = self.meta.batch_query_len
-        kv_heads, _, block_size, head_dim = k_pool.shape
+        kv_heads, _, head_dim = keys.shape
         heads = q.shape[1]
         group = heads // kv_heads
-        context = bucket.block_ids.shape[0] // batch * block_size
-        # [Hkv, B * blocks, bs, D] -> [Hkv, B, ctx, D], kv-heads outermost: a view, no copy.
-        keys = k_pool.index_select(1, bucket.block_ids).view(kv_heads, batch, context, head_dim)
-        values = v_pool.index_select(1, bucket.block_ids).view(kv_heads, batch, context, head_dim)
+        keys = keys.view(kv_heads, batch, -1, head_dim)  # a view: the gather is kv-heads outermost
+        values = values.view(kv_heads, batch, -1, head_dim)
         # q: [B*Q, H, D] -> [Hkv, B, g*Q, D]: the g query heads sharing a KV head become rows.
         qf = q.view(batch, num_q, kv_heads, group, head_dim).permute(2, 0, 3, 1, 4).reshape(kv_heads, batch, group * num_q, head_dim)
-        mask = bucket.mask  # [1, B, Q, ctx]
-        if group > 1 and num_q > 1:
-            mask = mask.repeat(1, 1, group, 1)
-        out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=mask)
+        out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=bias)
         # [Hkv, B, g*Q, D] -> [B*Q, H, D]
         return out.view(kv_heads, batch, group, num_q, head_dim).permute(1, 3, 0, 2, 4).reshape(batch * num_q, heads, head_dim)
 
 
-def _gather(pool: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
-    """One sequence's first ``context_len`` keys (or values) as ``[context_len, kv_heads, D]``."""
-    kv_heads, _, block_size, head_dim = pool.shape
-    blocks = pool.index_select(1, block_table[: (context_len + block_size - 1) // block_size])
-    return blocks.reshape(kv_heads, -1, head_dim)[:, :context_len].transpose(0, 1)
+def _blocks(num_tokens: int, block_size: int) -> int:
+    return (num_tokens + block_size - 1) // block_size
+
+
+def _pool_rows(block_ids: torch.Tensor, kv_heads: int, num_blocks: int) -> torch.Tensor:
+    """Rows of one layer's pool viewed as ``[kv_heads * num_blocks, block_size * D]`` that hold
+    ``block_ids``, head by head: ``[kv_heads * len(block_ids)]``.
+
+    Gathering whole rows of that 2-D view is one contiguous copy per block, 2-3x faster on CPU
+    than ``index_select`` over the pool's second axis, and the result is still kv-heads outermost.
+    """
+    heads = torch.arange(kv_heads, device=block_ids.device)[:, None] * num_blocks
+    return (heads + block_ids[None, :]).reshape(-1)
+
+
+def _gather(pool: torch.Tensor, pool_rows: torch.Tensor) -> torch.Tensor:
+    """The blocks at ``pool_rows`` (see ``_pool_rows``) of one layer's pool, as ``[kv_heads, blocks * bs, D]``."""
+    kv_heads, num_blocks, block_size, head_dim = pool.shape
+    rows = pool.view(kv_heads * num_blocks, block_size * head_dim).index_select(0, pool_rows)
+    return rows.view(kv_heads, -1, head_dim)
+
+
+def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True = attend) as SDPA's additive form: 0 where allowed, -inf elsewhere.
+
+    SDPA converts a boolean mask like this on every call; done once per step, it is not done
+    again in every layer (about 10% of a decode bucket's SDPA call on CPU).
+    """
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
