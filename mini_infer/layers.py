@@ -14,9 +14,10 @@ Everything here is plain PyTorch, the same code on CPU and CUDA:
   (chapter 02 measures it), equally accurate (both round one float32 accumulation to bf16; where
   the blocking differs, so may the last bit).
 * ``attention``: grouped-query attention on ``scaled_dot_product_attention``. The query heads
-  that share a KV head are folded into the query-length axis, so K and V are never expanded to
-  every query head (see ../shared/NOTES.md: 2-5x faster for decode on CPU than ``enable_gqa``);
-  a sequence attending to itself uses SDPA's causal rule instead, which the fold cannot keep.
+  that share a KV head are folded into the query-length axis (``folded_attention``), so K and V
+  are never expanded to every query head (see ../shared/NOTES.md: 2-5x faster for decode on CPU
+  than ``enable_gqa``); a sequence attending to itself uses SDPA's causal rule instead, which the
+  fold cannot keep. A mask for the fold is built by ``folded_bias``, once per step in the engine.
 
 Tensors use the flat token layout of the engine: ``[num_tokens, num_heads, head_dim]``, with no
 batch axis; which tokens belong to which sequence is the attention metadata's business.
@@ -108,6 +109,45 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[num_queries, num_keys]`` boolean, True = may attend: the queries are the last
+    ``num_queries`` positions of the ``num_keys``, so query ``i`` sees keys up to
+    ``num_keys - num_queries + i``."""
+    last_visible = torch.arange(num_queries, device=device)[:, None] + (num_keys - num_queries)
+    return torch.arange(num_keys, device=device)[None, :] <= last_visible
+
+
+def folded_bias(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask ``[..., Tq, num_keys]`` (True = may attend) made ready for the fold of
+    ``folded_attention``: SDPA's additive form (0, or -inf where masked), its rows repeated once
+    per query head of a group (``[..., group * Tq, num_keys]``; a single row is left to broadcast).
+
+    SDPA would convert a boolean mask on every call; a caller that attends many layers with the
+    same mask (the paged engine) builds this once per step instead.
+    """
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    if group > 1 and mask.shape[-2] > 1:
+        bias = bias.repeat(*([1] * (mask.dim() - 2)), group, 1)
+    return bias
+
+
+def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Grouped-query attention with the query heads that share a KV head folded into the query axis.
+
+    ``q``: ``[Tq, num_heads, D]``; ``k``, ``v``: ``[num_keys, num_kv_heads, D]``; ``bias``: from
+    ``folded_bias`` (``[1, 1, group * Tq, num_keys]``) or None (every query sees every key).
+    """
+    num_queries, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    # [Tq, Hkv*g, D] -> [Hkv, g*Tq, D] (row r of the fold is query r % Tq of head r // Tq).
+    qf = q.view(num_queries, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_queries, head_dim)
+    # 4-D tensors (a batch of one): with 3-D inputs and a mask, CPU SDPA falls back to its math
+    # kernel, which materialises every score and was 3x slower on a 512-token chunk.
+    out = F.scaled_dot_product_attention(qf[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=bias)[0]
+    return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(num_queries, num_heads, head_dim)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,31 +165,19 @@ def attention(
     ``[num_queries, num_keys]``) replaces the causal rule when given. Returns
     ``[num_queries, num_heads, head_dim]``.
     """
-    num_queries, num_heads, head_dim = q.shape
+    num_queries, num_heads, _ = q.shape
     num_keys, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
     if mask is None and causal and num_queries == num_keys and num_queries > 1:
         # A whole sequence attending to itself (a prompt's first chunk): SDPA's own causal rule
         # lets the CPU flash kernel skip the masked upper half, about 2x faster than an explicit
-        # mask at 2,048 tokens. The fold below would break that rule (its rows are not in
-        # position order), so here K and V are repeated per query head instead: a small copy
-        # next to the T x T work.
+        # mask at 2,048 tokens. The fold would break that rule (its rows are not in position
+        # order), so here K and V are repeated per query head instead: a small copy next to the
+        # T x T work.
         kr = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
         vr = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
         out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), kr, vr, is_causal=True)
         return out[0].transpose(0, 1).contiguous()
-    # Fold the `group` query heads that share a KV head into the query axis:
-    # [Tq, Hkv*g, D] -> [Hkv, g*Tq, D] (row r of the fold is query r % Tq of head r // Tq).
-    qf = q.view(num_queries, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_queries, head_dim)
-    kf = k.transpose(0, 1)
-    vf = v.transpose(0, 1)
     if mask is None and causal and num_queries > 1:
-        offset = num_keys - num_queries
-        rows = torch.arange(num_queries, device=q.device).unsqueeze(1) + offset
-        mask = torch.arange(num_keys, device=q.device).unsqueeze(0) <= rows
-    if mask is not None:
-        mask = mask.repeat(group, 1)[None, None]  # the fold repeats each query row once per head in the group
-    # 4-D tensors (a batch of one): with 3-D inputs and a mask, CPU SDPA falls back to its math
-    # kernel, which materialises every score and was 3x slower on a 512-token chunk.
-    out = F.scaled_dot_product_attention(qf[None], kf[None], vf[None], attn_mask=mask)[0]
-    return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(num_queries, num_heads, head_dim)
+        mask = causal_mask(num_queries, num_keys, q.device)
+    return folded_attention(q, k, v, None if mask is None else folded_bias(mask, group, q.dtype)[None, None])

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_infer.config import ModelConfig
-from mini_infer.layers import attention
+from mini_infer.layers import attention, causal_mask, folded_attention, folded_bias
 
 
 class PagedKVCache:
@@ -179,8 +179,8 @@ class PagedAttention:
     """The attention backend of a paged forward: ``model.forward(ids, positions, PagedAttention(cache, meta))``.
 
     Built once per step: everything that is the same in every layer (where the new tokens go,
-    which rows of the pool each gather reads, each bucket's additive mask) is computed here, not
-    per layer.
+    which rows of the pool each gather reads, the masks of the chunks and buckets in SDPA's
+    additive form) is computed once, not per layer.
     """
 
     def __init__(self, cache: PagedKVCache, metadata: PagedAttentionMetadata) -> None:
@@ -191,8 +191,21 @@ class PagedAttention:
         kv_heads = cache.k.shape[1]
         self._span_rows = [None if span.block_table is None else _pool_rows(span.block_table[: _blocks(span.context_len, cache.block_size)], kv_heads, cache.num_blocks) for span in metadata.prefills]
         self._bucket_rows = [_pool_rows(bucket.block_ids, kv_heads, cache.num_blocks) for bucket in metadata.batch_buckets]
-        self._bucket_bias = [_additive_mask(bucket.mask, cache.k.dtype) for bucket in metadata.batch_buckets]
-        self._bias_group = 1  # query heads per KV head that the bias rows are repeated for
+        # Masks in the fold's row order need the number of query heads per KV head, which the
+        # first layer's q tells: built then, and reused by every other layer.
+        self._group = 0
+        self._span_bias: list[torch.Tensor | None] = []
+        self._bucket_bias: list[torch.Tensor] = []
+
+    def _build_masks(self, group: int, dtype: torch.dtype) -> None:
+        device = self.meta.slot_mapping.device
+        self._span_bias = [
+            # A single query after its prefix sees every key: no mask at all.
+            None if rows is None or span.num_tokens == 1 else folded_bias(causal_mask(span.num_tokens, span.context_len, device), group, dtype)[None, None]
+            for span, rows in zip(self.meta.prefills, self._span_rows)
+        ]
+        self._bucket_bias = [folded_bias(bucket.mask, group, dtype) for bucket in self.meta.batch_buckets]
+        self._group = group
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [Hkv, blocks, bs, D]
@@ -201,8 +214,11 @@ class PagedAttention:
         k_pool[:, self._block_of_slot, self._offset_of_slot] = k.transpose(0, 1)
         v_pool[:, self._block_of_slot, self._offset_of_slot] = v.transpose(0, 1)
 
+        group = q.shape[1] // k.shape[1]
+        if group != self._group:
+            self._build_masks(group, q.dtype)
         out = torch.empty_like(q)
-        for span, pool_rows in zip(self.meta.prefills, self._span_rows):
+        for span, pool_rows, bias in zip(self.meta.prefills, self._span_rows, self._span_bias):
             rows = slice(span.token_start, span.token_start + span.num_tokens)
             if pool_rows is None:
                 out[rows] = attention(q[rows], k[rows], v[rows], causal=True)
@@ -210,14 +226,8 @@ class PagedAttention:
                 # [Hkv, blocks * bs, D] -> the first context_len keys, [context_len, Hkv, D]
                 keys = _gather(k_pool, pool_rows)[:, : span.context_len].transpose(0, 1)
                 values = _gather(v_pool, pool_rows)[:, : span.context_len].transpose(0, 1)
-                out[rows] = attention(q[rows], keys, values, causal=True)
+                out[rows] = folded_attention(q[rows], keys, values, bias)
         q_len = self.meta.batch_query_len
-        group = q.shape[1] // k.shape[1]
-        if q_len > 1 and group != self._bias_group:
-            # Q > 1 (speculative verification): the fold makes each query row once per query head
-            # of the group, so the mask rows are repeated to match, once per step.
-            self._bucket_bias = [_additive_mask(b.mask, q.dtype).repeat(1, 1, group, 1) for b in self.meta.batch_buckets]
-            self._bias_group = group
         for bucket, pool_rows, bias in zip(self.meta.batch_buckets, self._bucket_rows, self._bucket_bias):
             rows = slice(self.meta.batch_start + bucket.start * q_len, self.meta.batch_start + bucket.end * q_len)
             out[rows] = self._batched(q[rows], bucket.end - bucket.start, _gather(k_pool, pool_rows), _gather(v_pool, pool_rows), bias)
@@ -259,12 +269,3 @@ def _gather(pool: torch.Tensor, pool_rows: torch.Tensor) -> torch.Tensor:
     kv_heads, num_blocks, block_size, head_dim = pool.shape
     rows = pool.view(kv_heads * num_blocks, block_size * head_dim).index_select(0, pool_rows)
     return rows.view(kv_heads, -1, head_dim)
-
-
-def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean mask (True = attend) as SDPA's additive form: 0 where allowed, -inf elsewhere.
-
-    SDPA converts a boolean mask like this on every call; done once per step, it is not done
-    again in every layer (about 10% of a decode bucket's SDPA call on CPU).
-    """
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
