@@ -266,8 +266,29 @@ class Scheduler:
             return
         full = seq.num_computed_tokens // self.block_size
         if full > seq.num_blocks_offered:  # only when a block has just been completed
-            self.prefix_cache.insert(seq.token_ids[: full * self.block_size], seq.block_table.block_ids[:full])
+            tokens = seq.token_ids[: full * self.block_size]
+            self.prefix_cache.insert(tokens, seq.block_table.block_ids[:full])
+            self._use_the_cached_copies(seq, tokens)
             seq.num_blocks_offered = full
+
+    def _use_the_cached_copies(self, seq: Sequence, tokens: list[int]) -> None:
+        """Point ``seq`` at the tree's blocks where the tree already held its tokens' K/V.
+
+        A sequence can compute blocks the tree already has: after a whole-prompt cache hit the
+        last prompt block is recomputed (the last token must give logits), and two requests
+        with the same prompt may run side by side. ``insert`` keeps the tree's copy, so the
+        sequence's own copy would be a duplicate, and the tree's copy, held by nobody else,
+        would sit above the sequence's newer blocks in the tree, where eviction never reaches
+        it: a block lost to the pool for as long as the sequence runs. Taking the tree's copy
+        (same tokens at the same positions, so the same K/V) frees the duplicate now.
+        """
+        assert self.prefix_cache is not None
+        table = seq.block_table.block_ids
+        for i, cached in enumerate(self.prefix_cache.match_prefix(tokens).block_ids):
+            if table[i] != cached:
+                self.pool.fork([cached])
+                self.pool.free([table[i]])
+                table[i] = cached
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark ``seq`` finished (stop, length or abort) and give its blocks back."""

@@ -66,10 +66,21 @@ def expected_output(prompt, max_tokens):
 request_lists = st.lists(
     st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=30), st.integers(1, 12)), min_size=1, max_size=10
 )
+# Prompts over two token values share prefixes, whole prompts included, far more often: the
+# prefix cache's hard cases (the same blocks computed twice, by two requests or after a hit).
+similar_request_lists = st.lists(
+    st.tuples(st.lists(st.integers(0, 1), min_size=1, max_size=40), st.integers(1, 12)), min_size=1, max_size=10
+)
 
 
-@settings(max_examples=60, deadline=None)
-@given(requests=request_lists, extra_blocks=st.integers(0, 40), budget=st.integers(1, 40), max_seqs=st.integers(1, 8), prefix=st.booleans())
+@settings(max_examples=100, deadline=None)
+@given(
+    requests=st.one_of(request_lists, similar_request_lists),
+    extra_blocks=st.integers(0, 40),
+    budget=st.integers(1, 40),
+    max_seqs=st.integers(1, 8),
+    prefix=st.booleans(),
+)
 def test_random_workloads_complete_unchanged(requests, extra_blocks, budget, max_seqs, prefix):
     # The pool always fits the largest request alone (smaller requests are refused at submission).
     need = max(num_blocks_for(len(p) + m, BLOCK) for p, m in requests)
@@ -92,6 +103,19 @@ def test_pressure_preempts_latest_arrival():
     seqs, scheduler = run([([1] * 4, 8), ([2] * 4, 8)], num_blocks=4, budget=16, max_seqs=4, prefix_caching=False)
     assert scheduler.num_preemptions >= 1
     assert [s.output_token_ids for s in seqs] == [expected_output([1] * 4, 8), expected_output([2] * 4, 8)]
+
+
+def test_identical_prompts_in_a_tight_pool_share_the_cached_blocks():
+    # The second request hits the first one's cached prompt but recomputes its last block (the
+    # last prompt token must give logits). Its copy of that block duplicated the tree's, and the
+    # tree's copy, stuck above the second request's newer blocks, could not be evicted: with the
+    # pool just large enough for one request, the request preempted itself and a step scheduled
+    # nothing. It now takes the tree's copy and frees its own.
+    for requests in ([([0] * 24, 1), ([0] * 24, 6)], [([0], 4), ([0], 9)]):
+        need = max(num_blocks_for(len(p) + m, BLOCK) for p, m in requests)
+        seqs, scheduler = run(requests, need, budget=1, max_seqs=1, prefix_caching=True)
+        assert [s.output_token_ids for s in seqs] == [expected_output(p, m) for p, m in requests]
+        assert scheduler.num_preemptions == 0
 
 
 def test_decodes_are_scheduled_before_prefill_chunks():
