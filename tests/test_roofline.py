@@ -1,0 +1,72 @@
+"""The roofline's arithmetic (chapter 06), against a real model and PyTorch's FLOP counter.
+
+``mini-infer bench offline`` judges a run by the sum over its steps of
+``max(weight bytes / bandwidth, FLOPs / peak)``. Those two counts are written by hand in
+``mini_infer/bench/roofline.py``; here they are checked against the model they describe: the
+weights a step reads are exactly the model's matmul weights, and the matmul FLOPs are what
+``torch.utils.flop_counter`` counts for the same forward.
+"""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from mini_infer.bench.roofline import Roofline, step_flops, weight_bytes_read
+from mini_infer.model import ContiguousKVCache, Qwen2Layer, Qwen2Model
+
+VARIANTS = ["tied-gqa2", "untied-gqa4", "mha-headdim32"]
+
+
+def _load(model_dirs, variant):
+    return Qwen2Model.from_pretrained(model_dirs[variant], torch.float32, show_progress=False)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_weight_bytes_are_the_models_matmul_weights(model_dirs, variant):
+    model = _load(model_dirs, variant)
+    layers = sum(getattr(layer, name).numel() for layer in model.layers for name in Qwen2Layer.MATMUL_WEIGHTS)
+    # The LM head is read every step (tied or not); the embedding table only has rows looked up.
+    assert weight_bytes_read(model.config, itemsize=2) == 2 * (layers + model.lm_head.numel())
+    assert weight_bytes_read(model.config, itemsize=4) == 4 * (layers + model.lm_head.numel())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("cached", "new", "logits"), [(0, 1, 1), (12, 1, 1), (5, 7, 0), (5, 7, 3)])
+def test_matmul_flops_are_what_pytorch_counts(model_dirs, variant, cached, new, logits):
+    model = _load(model_dirs, variant)
+    config = model.config
+    cache = ContiguousKVCache(config, cached + new, torch.float32, "cpu")
+    ids = torch.randint(0, config.vocab_size, (cached + new,))
+    with torch.inference_mode():
+        if cached:
+            model.forward(ids[:cached], torch.arange(cached), cache)
+            cache.advance(cached)
+        # The counter sees every projection and the LM head (aten.mm / addmm). The CPU flash
+        # attention kernel is not among the ops it counts, so the matmul part is compared alone.
+        with FlopCounterMode(display=False) as counter:
+            hidden = model.forward(ids[cached:], torch.arange(cached, cached + new), cache)
+            if logits:
+                model.compute_logits(hidden[-logits:])
+    assert step_flops(config, new, logits, context_tokens=0) == counter.get_total_flops()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_flops_are_two_matmuls_per_query_and_key(model_dirs, variant):
+    config = _load(model_dirs, variant).config
+    context = 37
+    q = torch.randn(config.num_attention_heads, 1, config.head_dim)
+    k = torch.randn(config.num_attention_heads, context, config.head_dim)
+    with FlopCounterMode(display=False) as counter:
+        for _ in range(config.num_hidden_layers):
+            (q @ k.transpose(1, 2)).softmax(-1) @ k  # scores, then the weighted sum of values
+    attention = step_flops(config, 1, 0, context_tokens=context) - step_flops(config, 1, 0, context_tokens=0)
+    assert attention == counter.get_total_flops()
+
+
+def test_a_step_is_bound_by_the_slower_of_memory_and_compute(model_dirs):
+    config = _load(model_dirs, "tied-gqa2").config
+    roofline = Roofline(bandwidth_bytes_per_s=1e9, peak_flops=1e12)
+    small = roofline.step_floor_seconds(config, num_tokens=1, num_logits=1, context_tokens=10, itemsize=2)
+    assert small == pytest.approx(weight_bytes_read(config, 2) / 1e9)  # one token: reading the weights
+    large = roofline.step_floor_seconds(config, num_tokens=100_000, num_logits=1, context_tokens=10, itemsize=2)
+    assert large == pytest.approx(step_flops(config, 100_000, 1, 10) / 1e12)  # many: the matmuls
