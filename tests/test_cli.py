@@ -46,4 +46,7 @@ def test_bench_offline_smoke(tiny_model_dir, tmp_path, capsys):
     results = json.loads(out.read_text())
     assert results["throughput"]["output_tokens"] == 9
     assert results["throughput"]["fraction_of_roofline"] > 0
+    # Read before the one timed run and after it; the fastest reading gives the lowest fraction.
+    assert len(results["roofline"]["readings"]) == 2
+    assert 0 < results["throughput"]["fraction_of_fastest_roofline_reading"] <= results["throughput"]["fraction_of_roofline"]
     assert results["throughput"]["speedup_vs_hf"] > 0 and results["decode"]["hf_tok_s"] > 0

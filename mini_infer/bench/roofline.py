@@ -9,12 +9,17 @@ Two numbers bound any step of the engine from below:
   ``FLOPs / peak``.
 
 A step's floor is the larger of the two; a run's floor is the sum over its steps.
+
+On a shared machine both numbers drift by 2x or more within minutes (other tenants use the same
+cores, caches and memory), so a benchmark reads them several times through its run and uses the
+median (``median_roofline``), reporting the spread beside it.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +85,15 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048
 
 def measure(device: torch.device, dtype: torch.dtype) -> Roofline:
     return Roofline(measure_bandwidth(device), measure_matmul_flops(device, dtype))
+
+
+def median_roofline(readings: Sequence[Roofline]) -> Roofline:
+    """The median bandwidth and the median peak of several readings (each taken separately)."""
+    if not readings:
+        raise ValueError("median_roofline needs at least one reading")
+    return Roofline(
+        statistics.median(r.bandwidth_bytes_per_s for r in readings), statistics.median(r.peak_flops for r in readings)
+    )
 
 
 def _sync(device: torch.device) -> None:
