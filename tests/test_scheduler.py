@@ -106,11 +106,12 @@ def test_pressure_preempts_latest_arrival():
 
 
 def test_identical_prompts_in_a_tight_pool_share_the_cached_blocks():
-    # The second request hits the first one's cached prompt but recomputes its last block (the
-    # last prompt token must give logits). Its copy of that block duplicated the tree's, and the
-    # tree's copy, stuck above the second request's newer blocks, could not be evicted: with the
-    # pool just large enough for one request, the request preempted itself and a step scheduled
-    # nothing. It now takes the tree's copy and frees its own.
+    # The second request computes blocks the first one already cached: the last block of its
+    # prompt after a hit on the rest (the last prompt token must give logits), or, with a
+    # one-token prompt, the same generated tokens. Its copies duplicated the tree's, and the
+    # tree's copies, stuck above the second request's newer blocks, could not be evicted: with
+    # the pool just large enough for one request, it preempted itself and a step scheduled
+    # nothing. It now takes the tree's copies and frees its own.
     for requests in ([([0] * 24, 1), ([0] * 24, 6)], [([0], 4), ([0], 9)]):
         need = max(num_blocks_for(len(p) + m, BLOCK) for p, m in requests)
         seqs, scheduler = run(requests, need, budget=1, max_seqs=1, prefix_caching=True)
