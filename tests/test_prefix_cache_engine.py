@@ -147,6 +147,22 @@ def test_idle_cache_blocks_are_evicted_for_new_work(tiny_model_dir):
     assert_all_blocks_back(engine)
 
 
+def test_identical_prompts_in_a_pool_for_one_request_take_the_cached_copies(tiny_model_dir):
+    """The second of two identical requests recomputes the last prompt block (its last token must
+    give logits) and then the same answer: blocks the tree already holds. It must run on the
+    tree's copies, or those copies sit unevictable above its own and it runs out of blocks."""
+    prompt = list(range(30, 78))  # 3 whole blocks
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)  # 68 tokens: 5 blocks
+    llm = make_llm(tiny_model_dir, enable_prefix_caching=True, num_kv_blocks=5, max_num_seqs=1)
+    outputs = run_checked(llm.engine, [prompt, prompt], params)
+    off = make_llm(tiny_model_dir, enable_prefix_caching=False)
+    expected = off.generate([prompt], params, use_tqdm=False)[0].token_ids
+    assert [o.token_ids for o in outputs] == [expected, expected]
+    assert outputs[1].num_cached_tokens == 2 * BLOCK
+    assert llm.stats()["num_preemptions"] == 0
+    assert_all_blocks_back(llm.engine)
+
+
 def test_a_request_preempted_during_its_prefill_is_counted_once(tiny_model_dir):
     """Hit and query counters count each request's prompt once, even when it is recomputed.
 
