@@ -267,8 +267,10 @@ class Scheduler:
         full = seq.num_computed_tokens // self.block_size
         if full > seq.num_blocks_offered:  # only when a block has just been completed
             tokens = seq.token_ids[: full * self.block_size]
-            self.prefix_cache.insert(tokens, seq.block_table.block_ids[:full])
-            self._use_the_cached_copies(seq, tokens)
+            newly_cached = self.prefix_cache.insert(tokens, seq.block_table.block_ids[:full])
+            if newly_cached < (full - seq.num_blocks_offered) * self.block_size:
+                # The tree already held some of the blocks offered just now: rare, see below.
+                self._use_the_cached_copies(seq, tokens)
             seq.num_blocks_offered = full
 
     def _use_the_cached_copies(self, seq: Sequence, tokens: list[int]) -> None:

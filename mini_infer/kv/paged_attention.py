@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_infer.config import ModelConfig
+from mini_infer.kv.block_pool import num_blocks_for
 from mini_infer.layers import attention, causal_mask, folded_attention, folded_bias
 
 
@@ -80,7 +81,8 @@ class PrefillSpan:
     token_start: int
     num_tokens: int
     context_len: int
-    block_table: torch.Tensor | None  # None when the chunk has no cached context to read back
+    # The blocks that hold its context_len tokens; None when the chunk has no cached context to read back.
+    block_table: torch.Tensor | None
 
 
 # A bucket is worth its extra gather and SDPA call only with enough rows in it.
@@ -135,19 +137,20 @@ def build_metadata(
         for pos in range(context_len - num_new, context_len):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         read_back = context_len > num_new
-        table_tensor = torch.tensor(list(table), dtype=torch.long, device=device) if read_back else None
+        table_tensor = torch.tensor(list(table[: num_blocks_for(context_len, block_size)]), dtype=torch.long, device=device) if read_back else None
         spans.append(PrefillSpan(token, num_new, context_len, table_tensor))
         token += num_new
     metadata = PagedAttentionMetadata(slot_mapping=torch.empty(0), prefills=spans, batch_start=token, batch_query_len=batch_query_len)
     if batch:
         q = batch_query_len
-        max_blocks = max((ctx + block_size - 1) // block_size for ctx, _ in batch)
+        blocks_needed = [num_blocks_for(ctx, block_size) for ctx, _ in batch]
+        max_blocks = max(blocks_needed)
         padded_tables = []
         context_lens = []
-        for context_len, table in batch:
+        for (context_len, table), used_blocks in zip(batch, blocks_needed):
             for pos in range(context_len - q, context_len):
                 slots.append(table[pos // block_size] * block_size + pos % block_size)
-            used = list(table[: (context_len + block_size - 1) // block_size])
+            used = list(table[:used_blocks])
             padded_tables.append(used + [0] * (max_blocks - len(used)))
             context_lens.append(context_len)
         metadata.batch_block_tables = torch.tensor(padded_tables, dtype=torch.long, device=device)
@@ -157,7 +160,6 @@ def build_metadata(
         # keys past the sequence's own context (padding blocks) are masked out by the same rule.
         last_visible = ctx[:, None] - q + torch.arange(q, device=device)[None, :]  # [B, Q]
         metadata.batch_mask = (keys[None, None, :] <= last_visible[:, :, None]).unsqueeze(0)
-        blocks_needed = [(ctx + block_size - 1) // block_size for ctx, _ in batch]
         for start, end in _bucket_bounds(len(batch)):
             width = max(blocks_needed[start:end])
             tables = metadata.batch_block_tables[start:end, :width].reshape(-1)
@@ -189,7 +191,7 @@ class PagedAttention:
         self._block_of_slot = metadata.slot_mapping // cache.block_size
         self._offset_of_slot = metadata.slot_mapping % cache.block_size
         kv_heads = cache.k.shape[1]
-        self._span_rows = [None if span.block_table is None else _pool_rows(span.block_table[: _blocks(span.context_len, cache.block_size)], kv_heads, cache.num_blocks) for span in metadata.prefills]
+        self._span_rows = [None if span.block_table is None else _pool_rows(span.block_table, kv_heads, cache.num_blocks) for span in metadata.prefills]
         self._bucket_rows = [_pool_rows(bucket.block_ids, kv_heads, cache.num_blocks) for bucket in metadata.batch_buckets]
         # Masks in the fold's row order need the number of query heads per KV head, which the
         # first layer's q tells: built then, and reused by every other layer.
@@ -247,10 +249,6 @@ class PagedAttention:
         out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=bias)
         # [Hkv, B, g*Q, D] -> [B*Q, H, D]
         return out.view(kv_heads, batch, group, num_q, head_dim).permute(1, 3, 0, 2, 4).reshape(batch * num_q, heads, head_dim)
-
-
-def _blocks(num_tokens: int, block_size: int) -> int:
-    return (num_tokens + block_size - 1) // block_size
 
 
 def _pool_rows(block_ids: torch.Tensor, kv_heads: int, num_blocks: int) -> torch.Tensor:
