@@ -29,6 +29,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")
+    parser.add_argument(
+        "--draft-model", default=None, help="speculative decoding: a small model with the same tokenizer ('tiny-draft' for 'tiny')"
+    )
+    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens verified per step (with --draft-model)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -42,6 +46,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "max_num_seqs": args.max_num_seqs,
         "max_model_len": args.max_model_len,
         "enable_prefix_caching": not args.no_prefix_caching,
+        "draft_model": args.draft_model,
+        "num_speculative_tokens": args.num_speculative_tokens,
         "seed": args.seed,
     }
 

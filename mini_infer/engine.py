@@ -13,6 +13,11 @@ Requests come in through ``add_request`` (a prompt string or token ids, and ``Sa
 streaming); ``abort_request`` finishes a request at once and frees its blocks. The offline
 ``LLM`` class and the server both drive this same loop.
 
+With a ``draft_model`` (speculative decoding, chapter 10) the step gains two calls: before the
+forward the draft proposes tokens for the decoding sequences (``speculator.propose``), and after
+it the target's logits verify that proposal (``speculator.verify``), so a sequence may gain several tokens
+in one step. Without one, those lines do nothing.
+
 The KV pool is allocated once, after the weights, from a memory budget (or a block count).
 Invariant, checked by tests after every step: every block is free, or held by running
 sequences and/or the prefix cache.
@@ -24,6 +29,7 @@ import itertools
 import os
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +47,9 @@ from mini_infer.scheduler import Scheduler
 from mini_infer.sequence import Sequence
 from mini_infer.tokenizer import IncrementalDetokenizer, Tokenizer
 
+if TYPE_CHECKING:
+    from mini_infer.speculative import SpeculativeDecoder
+
 _CPU_KV_BUDGET_BYTES = 2 * 1024**3
 
 
@@ -57,6 +66,8 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    draft_model: str | None = None  # speculative decoding (chapter 10): a small model with the same vocabulary
+    num_speculative_tokens: int = 4  # drafts verified per decode step when draft_model is set
     seed: int = 0
     show_progress: bool = True
 
@@ -71,6 +82,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be a positive number of bytes or None, got {self.kv_cache_memory!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be a positive integer, got {k!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
 
@@ -109,6 +123,10 @@ class LLMEngine:
         self.model = Qwen2Model.from_pretrained(self.model_dir, self.dtype, self.device, show_progress=config.show_progress)
         self.model.prepack_weights()  # bf16 on a CPU: matmul weights in oneDNN's layout (chapter 02)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
+        self.draft_model: Qwen2Model | None = None
+        if config.draft_model is not None:
+            self.draft_model = self._load_draft(config.draft_model)
+            self.max_model_len = min(self.max_model_len, self.draft_model.config.max_position_embeddings)
 
         num_blocks = config.num_kv_blocks or self._blocks_from_memory_budget()
         self.kv_cache = PagedKVCache(self.model_config, num_blocks, config.block_size, self.dtype, self.device)
@@ -120,9 +138,17 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
             prefix_cache=self.prefix_cache,
+            num_speculative_tokens=config.num_speculative_tokens if self.draft_model is not None else 0,
         )
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.sampler = Sampler()
+        self.speculator: SpeculativeDecoder | None = None
+        if self.draft_model is not None:
+            from mini_infer.speculative import SpeculativeDecoder  # chapter 10, loaded only when used
+
+            # Same block count and block ids as the target's pool.
+            draft_kv = PagedKVCache(self.draft_model.config, num_blocks, config.block_size, self.dtype, self.device)
+            self.speculator = SpeculativeDecoder(ModelRunner(self.draft_model, draft_kv))
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -133,10 +159,26 @@ class LLMEngine:
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "finished_requests": 0}
         self.step_log: list[StepRecord] | None = None  # set to [] to record every step
 
-    # ----------------------------------------------------------------- memory
+    # ----------------------------------------------------------------- models and memory
+    def _load_draft(self, name: str) -> Qwen2Model:
+        """The draft model of speculative decoding (chapter 10), checked against the target."""
+        draft_dir = resolve_model(name)
+        draft_config = ModelConfig.from_model_dir(draft_dir)
+        if draft_config.vocab_size != self.model_config.vocab_size:
+            raise ValueError(
+                f"draft_model {name!r} has a vocabulary of {draft_config.vocab_size} tokens but the target "
+                f"{self.config.model!r} has {self.model_config.vocab_size}; a draft must share the target's "
+                "tokenizer (for example Qwen2.5-0.5B-Instruct for Qwen2.5-1.5B-Instruct, tiny-draft for tiny)"
+            )
+        draft = Qwen2Model.from_pretrained(draft_dir, self.dtype, self.device, show_progress=self.config.show_progress)
+        draft.prepack_weights()
+        return draft
+
     def _blocks_from_memory_budget(self) -> int:
         """KV blocks from a memory budget, capped at what max_num_seqs full-length sequences need."""
         per_block = PagedKVCache.bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+        if self.draft_model is not None:  # each block id holds the draft's K/V too
+            per_block += PagedKVCache.bytes_per_block(self.draft_model.config, self.config.block_size, self.dtype)
         if self.config.kv_cache_memory is not None:
             budget = int(self.config.kv_cache_memory)
         elif self.device.type == "cuda":
@@ -222,60 +264,89 @@ class LLMEngine:
         schedule = self.scheduler.schedule()
         if schedule.is_empty:
             return []
-        result = self.runner.execute(schedule.scheduled)
-        sampling = [s for s, rows in zip(schedule.scheduled, result.rows_of) if len(rows)]
-        new_tokens: list[int | None] = [None] * len(schedule.scheduled)
-        sampled_logprobs: list[TokenLogprob | None] = []
+        scheduled = schedule.scheduled
+        # Chapter 10: with a draft model, its proposals fill the items' draft_token_ids.
+        proposal = self.speculator.propose(scheduled, self.generator) if self.speculator is not None else None
+        result = self.runner.execute(scheduled)
+        # What each scheduled sequence gets: nothing (a chunk short of the end), one sampled
+        # token, or the accepted drafts and one more (speculative decoding).
+        produced: list[list[int]] = [[] for _ in scheduled]
+        logprob_of: list[TokenLogprob | None] = [None] * len(scheduled)
+        verified: dict[int, list[int]] = {}
+        if self.speculator is not None and proposal is not None:
+            verified = self.speculator.verify(proposal, result, scheduled, self.generator)
+        for i, tokens in verified.items():
+            produced[i] = tokens
+        sampling = [i for i, rows in enumerate(result.rows_of) if len(rows) and i not in verified]
         if sampling:
-            seqs = [s.seq for s in sampling]
+            seqs = [scheduled[i].seq for i in sampling]
+            logits = result.logits
+            if verified:  # the verified rows are spoken for; one row each for the rest
+                index = torch.tensor([result.rows_of[i][0] for i in sampling], device=logits.device)
+                logits = logits.index_select(0, index)
             # Token histories are only gathered when a request uses penalties: the common case
             # stays free of per-step work proportional to sequence length.
             penalties = any(s.params.needs_penalties for s in seqs)
             out = self.sampler(
-                result.logits,
+                logits,
                 [s.params for s in seqs],
                 [s.generator for s in seqs],
                 default_generator=self.generator,
                 prompt_token_ids=[s.prompt_token_ids for s in seqs] if penalties else None,
                 output_token_ids=[s.output_token_ids for s in seqs] if penalties else None,
             )
-            out = out.to_host()  # the step's one host sync
+            out = out.to_host()  # the step's one host sync (verification has its own)
             tokens = out.token_ids.tolist()
-            sampled_logprobs = out.to_token_logprobs(tokens) if out.logprobs is not None else [None] * len(tokens)
-            it = iter(tokens)
-            for i, rows in enumerate(result.rows_of):
-                if len(rows):
-                    new_tokens[i] = next(it)
-        self.scheduler.update(schedule.scheduled, new_tokens)
+            logprobs = out.to_token_logprobs(tokens) if out.logprobs is not None else [None] * len(tokens)
+            for i, token, logprob in zip(sampling, tokens, logprobs):
+                produced[i], logprob_of[i] = [token], logprob
+        self.scheduler.update(scheduled, produced)
         self.counters["steps"] += 1
         if self.step_log is not None:
             self.step_log.append(
                 StepRecord(
                     num_tokens=schedule.num_tokens,
-                    num_logits=len(sampling),
-                    attended_tokens=sum(s.num_new_tokens * s.context_len for s in schedule.scheduled),
+                    num_logits=result.logits.shape[0],
+                    attended_tokens=sum(s.num_new_tokens * s.context_len for s in scheduled),
                 )
             )
 
         outputs = []
-        it_lp = iter(sampled_logprobs)
-        for item, token in zip(schedule.scheduled, new_tokens):
-            if token is None:
-                continue
+        for item, tokens, logprob in zip(scheduled, produced, logprob_of):
             state = self._requests.get(item.seq.request_id)
-            logprob = next(it_lp)
-            if state is None:
-                continue
-            outputs.append(self._append_token(state, token, logprob))
+            if tokens and state is not None:
+                outputs.append(self._append_tokens(state, tokens, logprob))
         return outputs
 
-    def _append_token(self, state: _RequestState, token: int, logprob: TokenLogprob | None) -> RequestOutput:
+    def _append_tokens(self, state: _RequestState, tokens: list[int], logprob: TokenLogprob | None) -> RequestOutput:
+        """Detokenize and check stops for this step's new tokens (already in ``seq.token_ids``);
+        one output for them all. Tokens after a stop (accepted drafts past an EOS, say) are
+        dropped from the sequence."""
         seq, params = state.seq, state.seq.params
-        self.counters["generated_tokens"] += 1
         if logprob is not None and params.logprobs is not None:
             if state.logprobs is None:
                 state.logprobs = []
             state.logprobs.append(logprob)
+        num_before = seq.num_output_tokens - len(tokens)
+        text = ""
+        for j, token in enumerate(tokens):
+            self.counters["generated_tokens"] += 1
+            piece, reason, stop_reason = self._check_token(state, token, num_before + j + 1)
+            text += piece
+            if reason is not None:
+                del seq.token_ids[len(seq.token_ids) - (len(tokens) - j - 1) :]
+                seq.stop_reason = stop_reason
+                self.scheduler.finish(seq, reason)
+                self._requests.pop(seq.request_id, None)
+                self.counters["finished_requests"] += 1
+                tokens = tokens[: j + 1]
+                break
+        state.text += text
+        return self._output(state, tokens, text)
+
+    def _check_token(self, state: _RequestState, token: int, num_output_tokens: int) -> tuple[str, str | None, str | int | None]:
+        """One new token: its text, and why the request finishes with it (None: it goes on)."""
+        params = state.seq.params
         reason: str | None = None
         stop_reason: str | int | None = None
         piece = ""
@@ -289,23 +360,17 @@ class LLMEngine:
                 piece, hit = state.stop_checker.push(piece)
                 if hit:
                     reason, stop_reason = "stop", state.stop_checker.matched
-            if reason is None and seq.num_output_tokens >= params.max_tokens:
+            if reason is None and num_output_tokens >= params.max_tokens:
                 reason = "length"
-        if reason is not None:
-            if not isinstance(stop_reason, str):
-                # Release what was held back: bytes of an unfinished character, and text that
-                # could have been the start of a stop string.
-                tail = state.detokenizer.flush()
-                if state.stop_checker is not None:
-                    tail, _ = state.stop_checker.push(tail) if tail else ("", False)
-                    tail += state.stop_checker.flush()
-                piece += tail
-            seq.stop_reason = stop_reason
-            self.scheduler.finish(seq, reason)
-            self._requests.pop(seq.request_id, None)
-            self.counters["finished_requests"] += 1
-        state.text += piece
-        return self._output(state, [token], piece)
+        if reason is not None and not isinstance(stop_reason, str):
+            # Release what was held back: bytes of an unfinished character, and text that
+            # could have been the start of a stop string.
+            tail = state.detokenizer.flush()
+            if state.stop_checker is not None:
+                tail, _ = state.stop_checker.push(tail) if tail else ("", False)
+                tail += state.stop_checker.flush()
+            piece += tail
+        return piece, reason, stop_reason
 
     def _output(self, state: _RequestState, new_tokens: list[int], new_text: str = "") -> RequestOutput:
         seq = state.seq
@@ -339,5 +404,8 @@ class LLMEngine:
             "num_waiting": len(s.waiting),
             "steps": self.counters["steps"],
             "finished_requests": self.counters["finished_requests"],
+            # Speculative decoding (chapter 10): draft tokens verified, and how many were kept.
+            "num_draft_tokens": self.speculator.num_draft_tokens if self.speculator is not None else 0,
+            "num_accepted_draft_tokens": self.speculator.num_accepted_tokens if self.speculator is not None else 0,
         }
 

@@ -44,6 +44,8 @@ class LLM:
         max_num_seqs: int = 256,
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
+        draft_model: str | None = None,
+        num_speculative_tokens: int = 4,
         seed: int = 0,
         show_progress: bool = True,
     ) -> None:
@@ -60,6 +62,8 @@ class LLM:
                 max_num_seqs=max_num_seqs,
                 max_model_len=max_model_len,
                 enable_prefix_caching=enable_prefix_caching,
+                draft_model=draft_model,
+                num_speculative_tokens=num_speculative_tokens,
                 seed=seed,
                 show_progress=show_progress,
             )

@@ -4,8 +4,8 @@ The scheduler says which sequences run and how many new tokens each brings. The 
 those tokens out flat (prefill chunks first, then the batched group of sequences that bring the
 same number of tokens: decodes, shortest context first), builds the paged-attention metadata once for all layers, runs
 the model, and computes logits only where a token will be sampled: the last position of every
-chunk that reaches the end of its sequence (``num_sample_positions`` positions per sequence when
-speculative decoding verifies drafts).
+chunk that reaches the end of its sequence, and, when speculative decoding (chapter 10) verifies
+drafts, every draft position too (``1 + num_speculative_tokens`` rows for that sequence).
 
 Everything for a step is assembled in Python lists and moved to the device in one go; the only
 host synchronisation of a step is the sampler's.
@@ -36,8 +36,10 @@ class ModelRunner:
         self.device = model.device
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSequence], num_sample_positions: int = 1) -> StepResult:
-        """Run one step. Sequences that sample get ``min(num_sample_positions, new tokens)`` rows."""
+    def execute(self, scheduled: list[ScheduledSequence], *, last_position_only: bool = False) -> StepResult:
+        """Run one step. A sequence that samples gets ``1 + num_speculative_tokens`` logit rows
+        (the verification of its drafts), or only its last position's with ``last_position_only``
+        (what a draft model proposing the next token needs)."""
         batch_q = self._batched_query_len(scheduled)
         prefills = [i for i, s in enumerate(scheduled) if s.num_new_tokens != batch_q]
         # Shortest context first: the attention buckets of the group then hold similar lengths.
@@ -51,7 +53,7 @@ class ModelRunner:
             s = scheduled[i]
             start = s.context_len - s.num_new_tokens
             token_start[i] = len(input_ids)
-            input_ids.extend(s.seq.token_ids[start : s.context_len])
+            input_ids.extend(s.input_token_ids())
             positions.extend(range(start, s.context_len))
 
         metadata = build_metadata(
@@ -71,7 +73,7 @@ class ModelRunner:
             if not s.samples:
                 rows_of.append(range(len(sample_index), len(sample_index)))
                 continue
-            k = min(num_sample_positions, s.num_new_tokens)
+            k = 1 if last_position_only else 1 + s.num_speculative_tokens
             end = token_start[i] + s.num_new_tokens
             rows_of.append(range(len(sample_index), len(sample_index) + k))
             sample_index.extend(range(end - k, end))

@@ -31,6 +31,7 @@ Invariants (checked by ``check_invariants`` and asserted by the tests after ever
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from mini_infer.kv.block_pool import BlockPool, num_blocks_for
@@ -47,11 +48,24 @@ class ScheduledSequence:
     seq: Sequence
     num_new_tokens: int
     context_len: int  # tokens in the cache once this step has run (computed + new)
+    # Speculative decoding (chapter 10): the last ``num_speculative_tokens`` of the new tokens
+    # are draft proposals (``draft_token_ids``, filled in before the forward), not yet the
+    # sequence's own; the target verifies them and keeps those it agrees with.
+    num_speculative_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """The chunk reaches the end of the sequence, so its last logits give the next token."""
-        return self.context_len == len(self.seq.token_ids)
+        return self.context_len - self.num_speculative_tokens == len(self.seq.token_ids)
+
+    def input_token_ids(self) -> list[int]:
+        """The ``num_new_tokens`` tokens this step computes: the sequence's, then any drafts."""
+        start, tokens = self.context_len - self.num_new_tokens, self.seq.token_ids
+        if self.context_len <= len(tokens):
+            return tokens[start : self.context_len]
+        drafts = self.draft_token_ids[: self.context_len - len(tokens)]
+        return tokens[start:] + drafts if start <= len(tokens) else drafts[start - len(tokens) :]
 
 
 @dataclass(slots=True)
@@ -77,6 +91,7 @@ class Scheduler:
         max_num_seqs: int,
         max_model_len: int,
         prefix_cache: RadixCache | None = None,
+        num_speculative_tokens: int = 0,
     ) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
@@ -88,6 +103,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.prefix_cache = prefix_cache
+        self.num_speculative_tokens = num_speculative_tokens  # draft slots per decode (chapter 10)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -156,8 +172,7 @@ class Scheduler:
                 # No room now: it keeps its place at the head of the queue, holding nothing, and
                 # nothing behind it overtakes it (first come, first served).
                 self._release_blocks(seq)
-                seq.num_computed_tokens = 0
-                seq.num_blocks_offered = 0
+                seq.num_computed_tokens = seq.num_blocks_offered = seq.draft_lag = 0
                 break
             if not seq.was_admitted and self.prefix_cache is not None:
                 # Counted once per request, at its first admission (not again after a preemption,
@@ -170,7 +185,33 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             schedule(seq, n)
+
+        # 4. Draft slots for speculative decoding (chapter 10), from what is left of the budget
+        # and of the free blocks: speculation never delays a prompt, evicts or preempts.
+        if self.num_speculative_tokens:
+            for item in out.scheduled:
+                if budget == 0:
+                    break
+                if item.num_new_tokens != 1 or not item.samples:
+                    continue  # decodes (and a prompt whose last chunk is its last token)
+                k = self._num_draft_slots(item.seq, budget + 1)
+                if k and item.seq.block_table.ensure_capacity(self.pool, item.context_len + k):
+                    item.num_new_tokens += k
+                    item.context_len += k
+                    item.num_speculative_tokens = k
+                    budget -= k
         return out
+
+    def _num_draft_slots(self, seq: Sequence, budget: int) -> int:
+        """How many draft tokens a decoding ``seq`` may verify this step (chapter 10): at most
+        ``num_speculative_tokens``, inside ``budget`` (which also pays for the sequence's own
+        token), and never past ``max_tokens`` or the context. Requests with penalties or logprobs
+        are not speculated: their distributions depend on tokens the draft has only proposed."""
+        params = seq.params
+        if not self.num_speculative_tokens or params.needs_penalties or params.logprobs is not None:
+            return 0
+        room = min(params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq.token_ids))
+        return max(0, min(self.num_speculative_tokens, budget - 1, room))
 
     @staticmethod
     def _waits_for_parent(seq: Sequence) -> bool:
@@ -199,7 +240,7 @@ class Scheduler:
                 cache_hit = match.num_tokens
         parent = seq.parent
         if parent is not None and parent.status is SequenceStatus.RUNNING and seq.num_output_tokens == 0:
-            full = min(parent.num_computed_tokens, limit) // self.block_size
+            full = min(parent.num_computed_tokens - parent.draft_lag, limit) // self.block_size
             if full * self.block_size > seq.num_computed_tokens:
                 self._release_blocks(seq)
                 self._adopt(seq, parent.block_table.block_ids[:full], full * self.block_size)
@@ -211,6 +252,7 @@ class Scheduler:
         seq.block_table.block_ids = block_ids
         seq.num_computed_tokens = num_tokens
         seq.num_blocks_offered = num_tokens // self.block_size  # already in the tree, or the parent's
+        seq.draft_lag = 0  # shared blocks hold the draft model's K/V too (see _cache_full_blocks)
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Give ``seq`` blocks for ``num_tokens``, evicting cache-only blocks if that helps."""
@@ -240,8 +282,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._release_blocks(seq)
-        seq.num_computed_tokens = 0
-        seq.num_blocks_offered = 0
+        seq.num_computed_tokens = seq.num_blocks_offered = seq.draft_lag = 0
         seq.status = SequenceStatus.WAITING
         self.num_preemptions += 1
         # Back in arrival order at the front: it was admitted before anything still waiting.
@@ -251,20 +292,30 @@ class Scheduler:
         self.waiting.insert(index, seq)
 
     # ----------------------------------------------------------------- after the forward
-    def update(self, scheduled: list[ScheduledSequence], new_token_ids: list[int | None]) -> None:
-        """Advance each scheduled sequence; append the sampled token where one was sampled."""
-        for item, token in zip(scheduled, new_token_ids):
+    def update(self, scheduled: list[ScheduledSequence], new_token_ids: Seq[int | list[int] | None]) -> None:
+        """Advance each scheduled sequence by what the step produced for it: one sampled token,
+        None (a prefill chunk that does not reach the end), or, when drafts were verified
+        (chapter 10), the list of accepted draft tokens followed by the target's own token."""
+        for item, produced in zip(scheduled, new_token_ids):
             seq = item.seq
-            seq.num_computed_tokens = item.context_len
-            if token is not None:
-                seq.token_ids.append(token)
+            tokens = [] if produced is None else [produced] if isinstance(produced, int) else produced
+            # Every input but the rejected drafts now has its K/V: the last new token never does.
+            rejected = item.num_speculative_tokens - max(len(tokens) - 1, 0)
+            seq.num_computed_tokens = item.context_len - rejected
+            seq.token_ids.extend(tokens)
+            if item.num_speculative_tokens:
+                seq.block_table.shrink(self.pool, len(seq.token_ids))
             self._cache_full_blocks(seq)
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
-        """Offer the sequence's completely computed blocks to the prefix cache."""
+        """Offer the sequence's completely computed blocks to the prefix cache.
+
+        With a draft model (chapter 10) a block is offered only once the draft's K/V of it is
+        written too (``draft_lag``), so whoever reuses it finds both models' caches filled.
+        """
         if self.prefix_cache is None:
             return
-        full = seq.num_computed_tokens // self.block_size
+        full = (seq.num_computed_tokens - seq.draft_lag) // self.block_size
         if full > seq.num_blocks_offered:  # only when a block has just been completed
             tokens = seq.token_ids[: full * self.block_size]
             newly_cached = self.prefix_cache.insert(tokens, seq.block_table.block_ids[:full])

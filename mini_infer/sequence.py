@@ -42,6 +42,9 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache (chapter 08)
     num_blocks_offered: int = 0  # leading full blocks already offered to the prefix cache
+    # Speculative decoding (chapter 10): computed tokens whose K/V the draft model does not have
+    # yet (0, or 1 after a step that accepted every draft token). Reset with num_computed_tokens.
+    draft_lag: int = 0
     was_admitted: bool = False  # has run at least once (prefix-cache statistics count the first time)
     block_table: BlockTable = field(default_factory=BlockTable)
     status: SequenceStatus = SequenceStatus.WAITING

@@ -196,6 +196,14 @@ class BlockTable:
         self.block_ids.extend(pool.allocate(missing))
         return True
 
+    def shrink(self, pool: BlockPool, num_tokens: int) -> None:
+        """Give back the blocks beyond what ``num_tokens`` tokens need (speculative slots a
+        step reserved but did not keep, chapter 10)."""
+        keep = num_blocks_for(num_tokens, pool.block_size)
+        if len(self.block_ids) > keep:
+            pool.free(self.block_ids[keep:])
+            del self.block_ids[keep:]
+
     def release(self, pool: BlockPool) -> None:
         """Drop this table's reference on every block; shared blocks stay alive for their other owners."""
         pool.free(self.block_ids)

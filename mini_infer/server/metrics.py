@@ -3,8 +3,8 @@
 Two kinds of figure, gathered two ways:
 
 * **Engine state and counters** (requests running and waiting, KV cache usage, prompt and
-  generated tokens, preemptions, prefix-cache queries and hits) belong to the engine, which
-  only the engine thread may touch. ``/metrics`` asks that thread for an ``EngineSnapshot``
+  generated tokens, preemptions, prefix-cache queries and hits, draft tokens verified and
+  accepted) belong to the engine, which only the engine thread may touch. ``/metrics`` asks that thread for an ``EngineSnapshot``
   (``AsyncEngine.call(take_snapshot)``) and a custom collector exposes the snapshot, so
   counters are the engine's own totals rather than a second count kept beside them.
 * **Latencies** (time to first token, inter-token latency, end-to-end latency) are measured on
@@ -50,6 +50,8 @@ class EngineSnapshot:
     num_preemptions: int
     prefix_cache_queries: int  # prompt tokens looked up
     prefix_cache_hits: int  # prompt tokens found
+    spec_decode_num_draft_tokens: int  # speculative decoding (chapter 10): drafts verified
+    spec_decode_num_accepted_tokens: int  # ... and kept
 
     @property
     def kv_cache_usage(self) -> float:
@@ -73,6 +75,8 @@ def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
         num_preemptions=stats["num_preemptions"],
         prefix_cache_queries=stats["prefix_cache_query_tokens"],
         prefix_cache_hits=stats["prefix_cache_hit_tokens"],
+        spec_decode_num_draft_tokens=stats["num_draft_tokens"],
+        spec_decode_num_accepted_tokens=stats["num_accepted_draft_tokens"],
     )
 
 
@@ -100,6 +104,8 @@ class _EngineCollector(Collector):
             "num_preemptions": ("Preemptions (a request's blocks freed, to be recomputed).", s.num_preemptions),
             "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
             "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+            "spec_decode_num_draft_tokens": ("Draft tokens verified (speculative decoding).", s.spec_decode_num_draft_tokens),
+            "spec_decode_num_accepted_tokens": ("Draft tokens accepted (speculative decoding).", s.spec_decode_num_accepted_tokens),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(PREFIX + name, doc, value=value)  # exposed with a _total suffix
