@@ -19,6 +19,7 @@ Prints one line per graded cell and exits non-zero on any violation.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,9 +49,13 @@ def cell_error(cell: NotebookNode) -> str | None:
     return None
 
 
-def run(nb: NotebookNode, cwd: Path, timeout: int) -> Run:
+def run(nb: NotebookNode, cwd: Path, timeout: int, threads: int) -> Run:
     start = time.perf_counter()
-    execute(nb, cwd=cwd, timeout=timeout, allow_errors=True, env=kernel_environment(online=False))
+    env = kernel_environment(online=False)
+    # Kernels side by side must not ask for more threads than there are cores between them:
+    # oversubscribed OpenMP threads wait on each other and a 20 s chapter takes minutes.
+    env["OMP_NUM_THREADS"] = str(threads)
+    execute(nb, cwd=cwd, timeout=timeout, allow_errors=True, env=env)
     return Run(nb, time.perf_counter() - start)
 
 
@@ -58,9 +63,10 @@ def check_notebook(path: Path, *, timeout: int, jobs: int) -> list[str]:
     """Run both versions of one notebook, print per-cell results, return the problems found."""
     instructor = nbformat.read(path, as_version=4)
     student = student_version(instructor)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        student_future = pool.submit(run, student, path.parent, timeout)
-        instructor_future = pool.submit(run, instructor, path.parent, timeout)
+        student_future = pool.submit(run, student, path.parent, timeout, threads)
+        instructor_future = pool.submit(run, instructor, path.parent, timeout, threads)
         student_run, instructor_run = student_future.result(), instructor_future.result()
 
     problems: list[str] = []
