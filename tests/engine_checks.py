@@ -1,6 +1,12 @@
-"""Driving an engine to the end while checking its block accounting (shared by the engine tests)."""
+"""Driving an engine to the end while checking its block accounting, and the reference it is
+held to (shared by the engine tests)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
 
 from mini_infer.engine import LLMEngine
 from mini_infer.outputs import RequestOutput
@@ -31,3 +37,17 @@ def assert_all_blocks_back(engine: LLMEngine) -> None:
         assert cache.num_evictable_blocks == cached  # nothing is in use any more
         cache.reset()
     assert pool.num_free_blocks == pool.num_blocks
+
+
+def transformers_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Hugging Face ``generate``'s greedy continuation of each prompt, one at a time, in float32
+    (never stopping at EOS): what the engine's greedy outputs must equal."""
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        out = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=None
+        )
+        expected.append(out[0, len(prompt) :].tolist())
+    return expected

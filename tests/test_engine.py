@@ -3,12 +3,11 @@
 import random
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from mini_infer import LLM, SamplingParams
+from mini_infer.config import ModelConfig
 from mini_infer.scheduler import RequestTooLongError
-from tests.engine_checks import assert_all_blocks_back, run_checked
+from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 
 MAX_TOKENS = 32
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
@@ -23,16 +22,8 @@ def _prompts(vocab: int, n: int = 18, seed: int = 0) -> list[list[int]]:
 @pytest.fixture(scope="module", params=["tied-gqa2", "untied-gqa4"])
 def case(request, model_dirs):
     model_dir = model_dirs[request.param]
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    prompts = _prompts(hf.config.vocab_size)
-    expected = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=None
-        )
-        expected.append(out[0, len(prompt) :].tolist())
-    return model_dir, prompts, expected
+    prompts = _prompts(ModelConfig.from_model_dir(model_dir).vocab_size)
+    return model_dir, prompts, transformers_greedy(model_dir, prompts, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True])

@@ -5,11 +5,11 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from mini_infer import LLM, SamplingParams
+from mini_infer.config import ModelConfig
 from mini_infer.speculative import accepted_prefix, rejection_sample, verify_greedy
-from tests.engine_checks import assert_all_blocks_back, run_checked
+from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 
 MAX_TOKENS = 24
 
@@ -89,16 +89,8 @@ def case(model_dirs):
     """Target tied-gqa2; draft: the 3-layer random model of the same shape and seed (it shares
     the target's vocabulary and some of its weights, so it agrees only part of the time)."""
     target, draft = model_dirs["tied-gqa2"], model_dirs["sharded"]
-    hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    prompts = _prompts(hf.config.vocab_size)
-    expected = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=None
-        )
-        expected.append(out[0, len(prompt) :].tolist())
-    return target, draft, prompts, expected
+    prompts = _prompts(ModelConfig.from_model_dir(target).vocab_size)
+    return target, draft, prompts, transformers_greedy(target, prompts, MAX_TOKENS)
 
 
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
