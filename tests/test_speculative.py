@@ -239,3 +239,24 @@ def test_draft_slots_only_take_what_prompts_and_decodes_leave():
         scheduler.update(out.scheduled, [[0] if item.samples else None for item in out.scheduled])
         scheduler.check_invariants()
     assert checked >= 5
+
+
+def test_forks_with_a_draft_share_the_prompt_and_give_the_targets_tokens(case):
+    """The n choices of one request decode with drafts to the target's own greedy tokens. The
+    draft is the target itself, so every guess is kept only if the prompt blocks the fork shares
+    hold the draft's K/V too."""
+    target, _, prompts, expected = case
+    llm = LLM(str(target), dtype="float32", draft_model=str(target), num_kv_blocks=64, show_progress=False)
+    engine = llm.engine
+    parent = engine.add_request(prompts[5], GREEDY)
+    child = engine.add_request(prompts[5], GREEDY, fork_of=parent)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out.token_ids
+        engine.scheduler.check_invariants()
+    assert finals[parent] == finals[child] == expected[5]
+    stats = llm.stats()
+    assert stats["num_accepted_draft_tokens"] == stats["num_draft_tokens"] > 0
+    assert_all_blocks_back(engine)
