@@ -5,6 +5,7 @@
     mini-infer random-model OUT_DIR --shape qwen2.5-0.5b
     mini-infer bench offline            (chapter 06: the engine against transformers and the roofline)
     mini-infer bench prefix-cache       (chapter 08: prefix-cache hits and prefill time saved)
+    mini-infer bench speculative        (chapter 10: a draft's acceptance rate against its speedup)
     mini-infer bench serve              (chapter 12: servebench against any OpenAI-compatible server)
 
 Each subcommand is a thin layer over the package's public API.
@@ -118,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     prefix_bench.add_arguments(prefix)
     prefix.set_defaults(func=prefix_bench.run)
+    speculative = bench_sub.add_parser("speculative", help="a draft model's acceptance rate against its speedup (chapter 10)")
+    from mini_infer.bench import speculative as speculative_bench
+
+    speculative_bench.add_arguments(speculative)
+    speculative.set_defaults(func=speculative_bench.run)
     serve_bench_parser = bench_sub.add_parser("serve", help="servebench: load any OpenAI-compatible server and measure it")
     from mini_infer.bench.serve import cli as serve_bench
 

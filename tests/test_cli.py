@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from mini_infer.cli import main
 
 
@@ -50,3 +52,30 @@ def test_bench_offline_smoke(tiny_model_dir, tmp_path, capsys):
     assert len(results["roofline"]["readings"]) == 2
     assert 0 < results["throughput"]["fraction_of_fastest_roofline_reading"] <= results["throughput"]["fraction_of_roofline"]
     assert results["throughput"]["speedup_vs_hf"] > 0 and results["decode"]["hf_tok_s"] > 0
+
+
+def test_bench_speculative_on_the_tiny_pair(tmp_path, capsys):
+    out = tmp_path / "spec.json"
+    code = main(["bench", "speculative", "--k", "1,3", "--num-prompts", "4", "--max-tokens", "12", "--repeats", "1",
+                 "--dtype", "float32", "--json", str(out)])
+    assert code == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["k"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["same_outputs"]  # float32: the target's own greedy tokens
+        assert 0 < r["acceptance"] <= 1 and r["steps"] < r["steps_alone"]
+    assert "acceptance" in capsys.readouterr().out
+
+
+def test_bench_speculative_reads_a_prompts_file_and_refuses_bad_k(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2 + 3?\n\nSpell cat\n")
+    out = tmp_path / "spec.json"
+    code = main(["bench", "speculative", "--k", "2", "--prompts-file", str(prompts), "--max-tokens", "8", "--repeats", "1",
+                 "--dtype", "float32", "--json", str(out)])
+    assert code == 0
+    assert json.loads(out.read_text())["rows"][0]["same_outputs"]
+    assert "workload: 2 chat questions" in capsys.readouterr().out
+    for bad in ("0", "two"):
+        with pytest.raises(SystemExit, match="--k"):
+            main(["bench", "speculative", "--k", bad])
