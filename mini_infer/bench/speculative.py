@@ -147,12 +147,14 @@ def run(args: argparse.Namespace) -> int:
         all_equal &= same
         spec_s = statistics.median(r.seconds for r in spec_runs)
         alone_s = statistics.median(r.seconds for r in alone_runs)
+        acceptance = first.accepted_tokens / max(first.draft_tokens, 1)
+        tokens_per_step = first.generated_tokens / max(first.steps, 1)
         row = {
             "k": k,
-            "acceptance": first.accepted_tokens / max(first.draft_tokens, 1),
+            "acceptance": acceptance,
             "steps": first.steps,
             "steps_alone": reference.steps,
-            "tokens_per_step": first.generated_tokens / max(first.steps, 1),
+            "tokens_per_step": tokens_per_step,
             "seconds": spec_s,
             "seconds_alone": alone_s,
             "speedup": alone_s / spec_s,
@@ -162,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
         }
         rows.append(row)
         print(
-            f"{k:>3} | {100 * row['acceptance']:>9.1f}% | {first.steps:>6} | {row['tokens_per_step']:>11.2f} | {spec_s:>8.3f} | "
-            f"{alone_s:>8.3f} | {row['speedup']:>6.2f}x | {'yes' if same else 'NO'} (alone: {reference.steps} steps)",
+            f"{k:>3} | {100 * acceptance:>9.1f}% | {first.steps:>6} | {tokens_per_step:>11.2f} | {spec_s:>8.3f} | "
+            f"{alone_s:>8.3f} | {alone_s / spec_s:>6.2f}x | {'yes' if same else 'NO'} (alone: {reference.steps} steps)",
             flush=True,
         )
         del spec
