@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from mini_infer.speculative import SpeculativeDecoder
 
 _CPU_KV_BUDGET_BYTES = 2 * 1024**3
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 
 @dataclass(slots=True)
@@ -67,7 +68,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     draft_model: str | None = None  # speculative decoding (chapter 10): a small model with the same vocabulary
-    num_speculative_tokens: int = 4  # drafts verified per decode step when draft_model is set
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS  # drafts verified per decode step, with draft_model
     seed: int = 0
     show_progress: bool = True
 
@@ -85,6 +86,11 @@ class EngineConfig:
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"num_speculative_tokens must be a positive integer, got {k!r}")
+        if self.draft_model is None and k != DEFAULT_NUM_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens={k} does nothing without a draft model: give draft_model "
+                "(for example 'tiny-draft' for 'tiny') or leave num_speculative_tokens at its default"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
 

@@ -214,6 +214,8 @@ def test_bad_draft_settings_are_refused(model_dirs):
         LLM(target, dtype="float32", draft_model=str(model_dirs["untied-gqa4"]), num_kv_blocks=64, show_progress=False)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         LLM(target, dtype="float32", draft_model=target, num_speculative_tokens=0, num_kv_blocks=64, show_progress=False)
+    with pytest.raises(ValueError, match="without a draft model"):
+        LLM(target, dtype="float32", num_speculative_tokens=6, num_kv_blocks=64, show_progress=False)
 
 
 def test_draft_slots_only_take_what_prompts_and_decodes_leave():

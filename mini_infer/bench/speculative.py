@@ -119,24 +119,24 @@ def run(args: argparse.Namespace) -> int:
     chats = workload(args.prompts_file, args.num_prompts)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
 
-    def make_llm(draft: str | None, k: int) -> LLM:
+    def make_llm(draft_k: int | None) -> LLM:
         # The prefix cache is off: every run computes the same tokens from scratch.
-        return LLM(args.model, dtype=dtype, device=device, draft_model=draft, num_speculative_tokens=k,
-                   enable_prefix_caching=False, show_progress=False)
+        speculation: dict[str, Any] = {} if draft_k is None else {"draft_model": args.draft_model, "num_speculative_tokens": draft_k}
+        return LLM(args.model, dtype=dtype, device=device, enable_prefix_caching=False, show_progress=False, **speculation)
 
     print(
         f"speculative-decoding benchmark: target {args.model}, draft {args.draft_model}, {dtype_name} on {device} "
         f"({torch.get_num_threads()} threads)"
     )
     print(f"workload: {len(chats)} chat questions, {args.batch_size} at a time, greedy, up to {args.max_tokens} tokens each", flush=True)
-    plain = make_llm(None, 1)
+    plain = make_llm(None)
     run_once(plain, chats[:2], params, args.batch_size)  # warm-up: first calls allocate and pick kernels
     header = f"{'k':>3} | {'acceptance':>10} | {'steps':>6} | {'tokens/step':>11} | {'draft s':>8} | {'alone s':>8} | {'speedup':>7} | same outputs"
     print(header)
     rows: list[dict[str, Any]] = []
     all_equal = True
     for k in ks:
-        spec = make_llm(args.draft_model, k)
+        spec = make_llm(k)
         run_once(spec, chats[:2], params, args.batch_size)
         alone_runs, spec_runs = [], []
         for _ in range(args.repeats):
