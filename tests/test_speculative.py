@@ -118,7 +118,6 @@ def test_greedy_with_a_draft_equals_transformers(case, setting):
     if setting["num_kv_blocks"] == 16:
         assert stats["num_preemptions"] > 0
     assert stats["generated_tokens"] == MAX_TOKENS * len(prompts)
-    assert stats["steps"] < MAX_TOKENS * len(prompts)
     assert_all_blocks_back(llm.engine)
 
 
