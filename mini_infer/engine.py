@@ -154,7 +154,9 @@ class LLMEngine:
 
             # Same block count and block ids as the target's pool.
             draft_kv = PagedKVCache(self.draft_model.config, num_blocks, config.block_size, self.dtype, self.device)
-            self.speculator = SpeculativeDecoder(ModelRunner(self.draft_model, draft_kv))
+            smaller_vocab = self.draft_model.config.vocab_size < self.model_config.vocab_size
+            draft_runner = ModelRunner(self.draft_model, draft_kv, feed_unknown_ids_as=0 if smaller_vocab else None)
+            self.speculator = SpeculativeDecoder(draft_runner, self.model_config.vocab_size)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -170,11 +172,16 @@ class LLMEngine:
         """The draft model of speculative decoding (chapter 10), checked against the target."""
         draft_dir = resolve_model(name)
         draft_config = ModelConfig.from_model_dir(draft_dir)
-        if draft_config.vocab_size != self.model_config.vocab_size:
+        # Token ids must mean the same in both models. Equal vocabulary sizes are taken on
+        # trust (as vLLM does); different ones are fine when only the padding differs, that is
+        # when both tokenizers are the same (Qwen2.5-0.5B drafting for Qwen2.5-7B).
+        if draft_config.vocab_size != self.model_config.vocab_size and (
+            Tokenizer(draft_dir).hf.get_vocab() != self.tokenizer.hf.get_vocab()
+        ):
             raise ValueError(
-                f"draft_model {name!r} has a vocabulary of {draft_config.vocab_size} tokens but the target "
-                f"{self.config.model!r} has {self.model_config.vocab_size}; a draft must share the target's "
-                "tokenizer (for example Qwen2.5-0.5B-Instruct for Qwen2.5-1.5B-Instruct, tiny-draft for tiny)"
+                f"draft_model {name!r} has a vocabulary of {draft_config.vocab_size} tokens and another tokenizer "
+                f"than the target {self.config.model!r} ({self.model_config.vocab_size} tokens); a draft must share "
+                "the target's tokenizer (for example Qwen2.5-0.5B-Instruct for Qwen2.5-1.5B-Instruct, tiny-draft for tiny)"
             )
         draft = Qwen2Model.from_pretrained(draft_dir, self.dtype, self.device, show_progress=self.config.show_progress)
         draft.prepack_weights()

@@ -29,9 +29,12 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache) -> None:
+    def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache, *, feed_unknown_ids_as: int | None = None) -> None:
         self.model = model
         self.kv_cache = kv_cache
+        # A draft model (chapter 10) may have a smaller padded vocabulary than its target, whose
+        # tokens it must read: ids past its own are fed as this id (its guesses only get worse).
+        self.feed_unknown_ids_as = feed_unknown_ids_as
         self.block_size = kv_cache.block_size
         self.device = model.device
 
@@ -63,6 +66,9 @@ class ModelRunner:
             block_size=self.block_size,
             device=self.device,
         )
+        if self.feed_unknown_ids_as is not None:
+            vocab = self.model.config.vocab_size
+            input_ids = [t if t < vocab else self.feed_unknown_ids_as for t in input_ids]
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         hidden = self.model.forward(ids, pos, PagedAttention(self.kv_cache, metadata))

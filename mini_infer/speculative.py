@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mini_infer.sampling import Sampler, SamplingParams, _exponential_race, argmax_rows, probs_from_logits
@@ -120,8 +121,12 @@ class Proposal:
 class SpeculativeDecoder:
     """Runs the draft model inside the engine's step; see the module docstring."""
 
-    def __init__(self, draft_runner: ModelRunner) -> None:
+    def __init__(self, draft_runner: ModelRunner, vocab_size: int) -> None:
         self.runner = draft_runner
+        # The target's vocabulary size. Checkpoints of one tokenizer may pad it differently
+        # (Qwen2.5-0.5B has 151,936 rows, Qwen2.5-7B 152,064): the draft's distributions are
+        # cut or zero-padded to the target's width, ids past the tokenizer being padding.
+        self.vocab_size = vocab_size
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
 
@@ -170,6 +175,8 @@ class SpeculativeDecoder:
         self, logits: Tensor, items: list[ScheduledSequence], default_generator: torch.Generator, greedy: bool
     ) -> tuple[Tensor, Tensor | None]:
         """One proposal per row, and the distribution it was drawn from (None when all greedy)."""
+        if logits.shape[1] > self.vocab_size:
+            logits = logits[:, : self.vocab_size].contiguous()  # never propose an id the target lacks
         if greedy:
             return argmax_rows(logits), None
         params = [s.seq.params for s in items]
@@ -177,7 +184,8 @@ class SpeculativeDecoder:
         gens = [s.seq.generator for s in items]
         # The sampler's own draws (chapter 09): a seeded row takes a fresh [V] from its generator.
         exponentials = Sampler._exponentials(probs.shape, params, gens, default_generator, probs.device)
-        return _exponential_race(probs, exponentials), probs
+        tokens = _exponential_race(probs, exponentials)
+        return tokens, F.pad(probs, (0, self.vocab_size - probs.shape[1]))  # q = 0 where the draft has no row
 
     @staticmethod
     def _by_item(items: list[ScheduledSequence], probs_per_pass: list[tuple[list[ScheduledSequence], Tensor | None]]) -> Tensor:

@@ -261,3 +261,28 @@ def test_forks_with_a_draft_share_the_prompt_and_give_the_targets_tokens(case):
     stats = llm.stats()
     assert stats["num_accepted_draft_tokens"] == stats["num_draft_tokens"] > 0
     assert_all_blocks_back(engine)
+
+
+def test_a_draft_whose_vocabulary_is_padded_differently(tmp_path):
+    """One tokenizer, two padded vocabulary sizes (as Qwen2.5-0.5B drafting for Qwen2.5-7B): the
+    draft's distributions are cut or padded to the target's width; outputs stay the target's."""
+    from mini_infer.offline_models import write_random_model
+
+    def model(name: str, tokenizer_vocab_size: int = 300, **overrides):
+        return str(write_random_model(tmp_path / name, "tiny-test", seed=1, dtype="float32", init_std=0.1,
+                                      tokenizer_vocab_size=tokenizer_vocab_size, **overrides))
+
+    target = model("target")  # 512 rows
+    prompts = _prompts(300, n=6, seed=4)
+    want = LLM(target, dtype="float32", num_kv_blocks=128, show_progress=False).generate(prompts, GREEDY, use_tqdm=False)
+    sampled = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
+    for draft in (model("wider", vocab_size=640, num_hidden_layers=1), model("narrower", vocab_size=384, num_hidden_layers=1)):
+        llm = LLM(target, dtype="float32", num_kv_blocks=128, draft_model=draft, show_progress=False)
+        got = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        outs = run_checked(llm.engine, prompts, sampled)
+        assert all(len(o.token_ids) == MAX_TOKENS and max(o.token_ids) < 512 for o in outs)
+        assert llm.stats()["num_accepted_draft_tokens"] > 0
+    other_tokenizer = model("other", vocab_size=640, num_hidden_layers=1, tokenizer_vocab_size=250)
+    with pytest.raises(ValueError, match="another tokenizer"):
+        LLM(target, dtype="float32", num_kv_blocks=128, draft_model=other_tokenizer, show_progress=False)
