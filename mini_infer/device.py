@@ -47,6 +47,13 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return resolved
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously; a CPU has nothing queued):
+    what a timer needs before it reads the clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_has_native_bf16() -> bool:
     """True when this CPU has bf16 matrix instructions (read from /proc/cpuinfo on Linux)."""

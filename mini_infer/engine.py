@@ -293,10 +293,7 @@ class LLMEngine:
         sampling = [i for i, rows in enumerate(result.rows_of) if len(rows) and i not in verified]
         if sampling:
             seqs = [scheduled[i].seq for i in sampling]
-            logits = result.logits
-            if verified:  # the verified rows are spoken for; one row each for the rest
-                index = torch.tensor([result.rows_of[i][0] for i in sampling], device=logits.device)
-                logits = logits.index_select(0, index)
+            logits = result.logits_at([result.rows_of[i][0] for i in sampling])  # one row each
             # Token histories are only gathered when a request uses penalties: the common case
             # stays free of per-step work proportional to sequence length.
             penalties = any(s.params.needs_penalties for s in seqs)

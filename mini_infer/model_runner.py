@@ -27,6 +27,12 @@ class StepResult:
     logits: torch.Tensor  # [rows, vocab] in the model's dtype, one row per sampled position
     rows_of: list[range]  # for each scheduled sequence (schedule order): its rows in ``logits``
 
+    def logits_at(self, rows: list[int]) -> torch.Tensor:
+        """``logits[rows]``, without a copy when ``rows`` are all of them in order."""
+        if rows == list(range(self.logits.shape[0])):
+            return self.logits
+        return self.logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.logits.device))
+
 
 class ModelRunner:
     def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache, *, feed_unknown_ids_as: int | None = None) -> None:

@@ -194,7 +194,7 @@ class Scheduler:
                     break
                 if item.num_new_tokens != 1 or not item.samples:
                     continue  # decodes (and a prompt whose last chunk is its last token)
-                k = self._num_draft_slots(item.seq, budget + 1)
+                k = self._num_draft_slots(item.seq, budget)
                 if k and item.seq.block_table.ensure_capacity(self.pool, item.context_len + k):
                     item.num_new_tokens += k
                     item.context_len += k
@@ -204,14 +204,14 @@ class Scheduler:
 
     def _num_draft_slots(self, seq: Sequence, budget: int) -> int:
         """How many draft tokens a decoding ``seq`` may verify this step (chapter 10): at most
-        ``num_speculative_tokens``, inside ``budget`` (which also pays for the sequence's own
-        token), and never past ``max_tokens`` or the context. Requests with penalties or logprobs
+        ``num_speculative_tokens``, within ``budget`` tokens, and never past ``max_tokens`` or the
+        context. Requests with penalties or logprobs
         are not speculated: their distributions depend on tokens the draft has only proposed."""
         params = seq.params
         if not self.num_speculative_tokens or params.needs_penalties or params.logprobs is not None:
             return 0
         room = min(params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq.token_ids))
-        return max(0, min(self.num_speculative_tokens, budget - 1, room))
+        return max(0, min(self.num_speculative_tokens, budget, room))
 
     @staticmethod
     def _waits_for_parent(seq: Sequence) -> bool:

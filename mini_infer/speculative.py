@@ -87,9 +87,8 @@ def rejection_sample(
     index = torch.where(is_draft, draft_token_ids, torch.zeros_like(draft_token_ids)).unsqueeze(1)
     p = target_probs.gather(1, index).squeeze(1)
     q = draft_probs.gather(1, index).squeeze(1)
-    # q > 0 wherever the draft sampled; the where keeps bonus rows (q = 0) from dividing by zero.
-    ratio = torch.where(is_draft, p / torch.where(is_draft, q, torch.ones_like(q)), torch.zeros_like(p))
-    accepted = is_draft & (uniforms < ratio)
+    # q > 0 wherever the draft sampled; bonus rows (q = 0) divide by 1 and are never accepted.
+    accepted = is_draft & (uniforms < p / torch.where(is_draft, q, torch.ones_like(q)))
     residual = (target_probs - draft_probs).clamp_min(0)
     # Rounding can leave a residual with no mass where p and q agree to float precision; the
     # token is then drawn from p itself, which is what the residual is there to approximate.
@@ -144,8 +143,7 @@ class SpeculativeDecoder:
         result = self.runner.execute(catch_up, last_position_only=True)
         if not items:
             return proposal
-        rows = [result.rows_of[i][0] for i, s in enumerate(scheduled) if s.num_speculative_tokens]
-        logits = self._rows(result, rows)
+        logits = result.logits_at([result.rows_of[i][0] for i, s in enumerate(scheduled) if s.num_speculative_tokens])
         greedy = all(s.seq.params.greedy for s in items)
         probs_per_pass = []
         active = items
@@ -164,12 +162,6 @@ class SpeculativeDecoder:
         if not greedy:
             proposal.draft_probs = self._by_item(items, probs_per_pass)
         return proposal
-
-    @staticmethod
-    def _rows(result: StepResult, rows: list[int]) -> Tensor:
-        if len(rows) == result.logits.shape[0]:
-            return result.logits
-        return result.logits.index_select(0, torch.tensor(rows, device=result.logits.device))
 
     def _draw(
         self, logits: Tensor, items: list[ScheduledSequence], default_generator: torch.Generator, greedy: bool
@@ -215,7 +207,7 @@ class SpeculativeDecoder:
         rows = [r for s in proposal.items for r in result.rows_of[index_of[id(s)]]]
         if not rows:
             return {}
-        logits = self._rows(result, rows)
+        logits = result.logits_at(rows)
         drafts = [s.draft_token_ids for s in proposal.items]
         if proposal.draft_probs is None:
             argmax = argmax_rows(logits).tolist()  # the verification's host sync

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from mini_infer.bench.roofline import Roofline, measure, median_roofline
-from mini_infer.device import resolve_device, resolve_dtype
+from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
 from mini_infer.sampling import SamplingParams
 
@@ -91,8 +91,7 @@ class Bench:
         }
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
 
     @property
     def hf(self) -> Any:

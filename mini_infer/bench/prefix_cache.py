@@ -46,7 +46,7 @@ import torch
 
 from mini_infer.bench.offline import random_model_dir
 from mini_infer.config import ModelConfig
-from mini_infer.device import resolve_device, resolve_dtype
+from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.kv.block_pool import num_blocks_for
 from mini_infer.llm import LLM
 from mini_infer.sampling import SamplingParams
@@ -105,18 +105,13 @@ class RunResult:
     outputs: list[list[int]]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_once(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> RunResult:
     """Submit every prompt at once and step the engine to the end, from an empty cache."""
     engine = llm.engine
     if engine.prefix_cache is not None:
         engine.prefix_cache.reset()
     before = engine.stats()
-    _sync(engine.device)
+    synchronize(engine.device)
     start = time.perf_counter()
     ids = [engine.add_request(p, params) for p in prompts]
     first_token_s: dict[str, float] = {}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from mini_infer.config import ModelConfig
+from mini_infer.device import synchronize
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,10 @@ def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int 
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     times = []
     for _ in range(repeats + 1):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         x.sum()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return nbytes / statistics.median(times[1:])
 
@@ -75,10 +76,10 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048
     b = torch.randn(n, n, device=device).to(dtype)
     times = []
     for _ in range(repeats + 1):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         a @ b
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / statistics.median(times[1:])
 
@@ -94,8 +95,3 @@ def median_roofline(readings: Sequence[Roofline]) -> Roofline:
     return Roofline(
         statistics.median(r.bandwidth_bytes_per_s for r in readings), statistics.median(r.peak_flops for r in readings)
     )
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mini_infer.device import resolve_device, resolve_dtype
+from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
 from mini_infer.sampling import SamplingParams
 from mini_infer.tiny_corpus import TASKS, held_out_questions
@@ -61,21 +61,16 @@ def workload(prompts_file: str | None, num_prompts: int) -> list[list[Message]]:
     return [[{"role": "user", "content": line}] for line in lines[:num_prompts]]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_once(llm: LLM, chats: list[list[Message]], params: SamplingParams, batch_size: int) -> Run:
     """The chats, ``batch_size`` at a time, timed from the first submission to the last token."""
     engine = llm.engine
     before = engine.stats()
-    _sync(engine.device)
+    synchronize(engine.device)
     start = time.perf_counter()
     outputs = []
     for i in range(0, len(chats), batch_size):
         outputs += llm.chat(chats[i : i + batch_size], params, use_tqdm=False)
-    _sync(engine.device)
+    synchronize(engine.device)
     seconds = time.perf_counter() - start
     after = engine.stats()
 
