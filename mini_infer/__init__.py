@@ -1,9 +1,12 @@
-"""mini-infer: a continuous-batching LLM inference engine in pure Python and PyTorch.
+"""mini-infer: a continuous-batching LLM inference engine in pure Python and PyTorch (chapter 00).
 
-The package's import order is the book's table of contents (see the README):
-config, loader, tokenizer (01) -> layers (02) -> model (03) -> kv.block_pool (04) ->
-kv.paged_attention (05) -> sequence, scheduler, model_runner, engine (06, 07) ->
-kv.radix_cache (08) -> sampling (09) -> llm.
+The package's import order is the book's table of contents: no module imports one of a later
+chapter (tests/test_package_shape.py checks it):
+device (00) -> config, loader, tokenizer (01) -> layers (02) -> model (03) -> kv.block_pool (04)
+-> kv.paged_attention, model_runner (05) -> sequence, scheduler, engine (06, 07) ->
+kv.radix_cache (08) -> sampling (09) -> speculative, engine_builder, llm (10) -> server (11) ->
+bench (12). Later parts plug into earlier ones through small protocols the earlier chapter
+defines (``scheduler.PrefixCache``, ``engine.TokenSampler``, ...).
 
     from mini_infer import LLM, SamplingParams
 

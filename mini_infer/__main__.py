@@ -1,4 +1,4 @@
-"""``python -m mini_infer`` is the ``mini-infer`` command."""
+"""``python -m mini_infer`` is the ``mini-infer`` command (chapter 12)."""
 
 from mini_infer.cli import main
 

@@ -1,4 +1,4 @@
-"""The ``mini-infer`` command line.
+"""The ``mini-infer`` command line: every command of the course (chapter 12).
 
     mini-infer generate --model tiny --prompt "What is 2 + 3?" --chat
     mini-infer serve --model tiny --port 8000       (chapter 11: the OpenAI-compatible server)
@@ -18,47 +18,19 @@ import json
 import sys
 from collections.abc import Sequence
 
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """The engine's options, shared by every command that builds an engine."""
-    parser.add_argument("--model", default="tiny", help="a local model directory, a hub id, or a shipped model ('tiny')")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: from memory)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")
-    parser.add_argument(
-        "--draft-model", default=None, help="speculative decoding: a small model with the same tokenizer ('tiny-draft' for 'tiny')"
-    )
-    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens verified per step (with --draft-model)")
-    parser.add_argument("--seed", type=int, default=0)
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        "dtype": args.dtype,
-        "device": args.device,
-        "block_size": args.block_size,
-        "num_kv_blocks": args.num_kv_blocks,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_num_seqs": args.max_num_seqs,
-        "max_model_len": args.max_model_len,
-        "enable_prefix_caching": not args.no_prefix_caching,
-        "draft_model": args.draft_model,
-        "num_speculative_tokens": args.num_speculative_tokens,
-        "seed": args.seed,
-    }
+from mini_infer.cli_options import add_engine_args, engine_kwargs
 
 
 def _generate(args: argparse.Namespace) -> int:
     from mini_infer import LLM, SamplingParams
 
-    llm = LLM(args.model, **engine_kwargs(args))  # type: ignore[arg-type]
+    llm = LLM(args.model, **engine_kwargs(args))
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sampling_seed,
     )
     prompts = args.prompt or ["What is 12 + 30?"]
     if args.chat:
@@ -67,7 +39,11 @@ def _generate(args: argparse.Namespace) -> int:
         outputs = llm.generate(prompts, params, use_tqdm=False)
     for prompt, out in zip(prompts, outputs):
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
+            print(
+                json.dumps(
+                    {"prompt": prompt, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}
+                )
+            )
         else:
             print(f">>> {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}]")
     return 0
@@ -109,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    offline = bench_sub.add_parser("offline", help="throughput, decode and prefill against transformers and the roofline")
+    offline = bench_sub.add_parser(
+        "offline", help="throughput, decode and prefill against transformers and the roofline"
+    )
     from mini_infer.bench import offline as offline_bench
 
     offline_bench.add_arguments(offline)
@@ -119,12 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     prefix_bench.add_arguments(prefix)
     prefix.set_defaults(func=prefix_bench.run)
-    speculative = bench_sub.add_parser("speculative", help="a draft model's acceptance rate against its speedup (chapter 10)")
+    speculative = bench_sub.add_parser(
+        "speculative", help="a draft model's acceptance rate against its speedup (chapter 10)"
+    )
     from mini_infer.bench import speculative as speculative_bench
 
     speculative_bench.add_arguments(speculative)
     speculative.set_defaults(func=speculative_bench.run)
-    serve_bench_parser = bench_sub.add_parser("serve", help="servebench: load any OpenAI-compatible server and measure it")
+    serve_bench_parser = bench_sub.add_parser(
+        "serve", help="servebench: load any OpenAI-compatible server and measure it"
+    )
     from mini_infer.bench.serve import cli as serve_bench
 
     serve_bench.add_arguments(serve_bench_parser)
@@ -132,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rnd = sub.add_parser("random-model", help="write a random-weight Qwen2 model directory (offline)")
     rnd.add_argument("out")
-    rnd.add_argument("--shape", default="qwen2.5-0.5b", help="qwen2.5-0.5b, qwen2.5-1.5b, tiny-test, small-test, bench-small")
+    rnd.add_argument(
+        "--shape", default="qwen2.5-0.5b", help="qwen2.5-0.5b, qwen2.5-1.5b, tiny-test, small-test, bench-small"
+    )
     rnd.add_argument("--dtype", default="bfloat16")
     rnd.add_argument("--seed", type=int, default=0)
     rnd.set_defaults(func=_random_model)

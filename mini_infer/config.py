@@ -65,9 +65,7 @@ class ModelConfig:
         heads = _positive_int(raw, "num_attention_heads")
         kv_heads = _positive_int(raw, "num_key_value_heads", default=heads)
         if heads % kv_heads:
-            raise ConfigError(
-                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
-            )
+            raise ConfigError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
         head_dim = raw.get("head_dim") or hidden // heads
         if raw.get("head_dim") is None and hidden % heads:
             raise ConfigError(f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads})")

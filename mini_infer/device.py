@@ -1,4 +1,4 @@
-"""Choosing the device and the dtype (chapter 02, "numerics").
+"""Choosing the device and the dtype (chapter 00; chapter 02 explains the numerics).
 
 ``device="auto"``: CUDA when present, then Apple's MPS, else the CPU.
 

@@ -15,8 +15,8 @@ Everything here is plain PyTorch, the same code on CPU and CUDA:
   the blocking differs, so may the last bit).
 * ``attention``: grouped-query attention on ``scaled_dot_product_attention``. The query heads
   that share a KV head are folded into the query-length axis (``folded_attention``), so K and V
-  are never expanded to every query head (see ../shared/NOTES.md: 2-5x faster for decode on CPU
-  than ``enable_gqa``); a sequence attending to itself uses SDPA's causal rule instead, which the
+  are never expanded to every query head (2-5x faster for one decode token on this project's CPU
+  than ``enable_gqa``, which behaved as if K/V were expanded); a sequence attending to itself uses SDPA's causal rule instead, which the
   fold cannot keep. A mask for the fold is built by ``folded_bias``, once per step in the engine.
 
 Tensors use the flat token layout of the engine: ``[num_tokens, num_heads, head_dim]``, with no
@@ -131,7 +131,9 @@ def folded_bias(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Ten
     return bias
 
 
-def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def folded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """Grouped-query attention with the query heads that share a KV head folded into the query axis.
 
     ``q``: ``[Tq, num_heads, D]``; ``k``, ``v``: ``[num_keys, num_kv_heads, D]``; ``bias``: from
@@ -141,11 +143,19 @@ def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     # [Tq, Hkv*g, D] -> [Hkv, g*Tq, D] (row r of the fold is query r % Tq of head r // Tq).
-    qf = q.view(num_queries, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * num_queries, head_dim)
+    qf = (
+        q.view(num_queries, num_kv_heads, group, head_dim)
+        .permute(1, 2, 0, 3)
+        .reshape(num_kv_heads, group * num_queries, head_dim)
+    )
     # 4-D tensors (a batch of one): with 3-D inputs and a mask, CPU SDPA falls back to its math
     # kernel, which materialises every score and was 3x slower on a 512-token chunk.
     out = F.scaled_dot_product_attention(qf[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=bias)[0]
-    return out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3).reshape(num_queries, num_heads, head_dim)
+    return (
+        out.view(num_kv_heads, group, num_queries, head_dim)
+        .permute(2, 0, 1, 3)
+        .reshape(num_queries, num_heads, head_dim)
+    )
 
 
 def attention(

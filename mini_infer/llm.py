@@ -1,4 +1,4 @@
-"""The offline API: ``LLM(...).generate(prompts, SamplingParams(...))`` (chapters 00 and 06).
+"""The offline API: ``LLM(...).generate(prompts, SamplingParams(...))`` (chapter 10; used from chapter 00).
 
 The names and defaults are vLLM's, so that code written for vLLM reads the same here::
 
@@ -18,56 +18,23 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
-from mini_infer.engine import EngineConfig, LLMEngine
+from mini_infer.engine_builder import EngineConfig, build_engine
 from mini_infer.outputs import RequestOutput
-from mini_infer.sampling import SamplingParams
+from mini_infer.sampling_params import SamplingParams
 from mini_infer.tokenizer import Message
 
 Prompt = str | Sequence[int]
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str,
-        *,
-        dtype: str | torch.dtype = "auto",
-        device: str | torch.device = "auto",
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        max_num_batched_tokens: int = 512,
-        max_num_seqs: int = 256,
-        max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
-        draft_model: str | None = None,
-        num_speculative_tokens: int = 4,
-        seed: int = 0,
-        show_progress: bool = True,
-    ) -> None:
-        self.engine = LLMEngine(
-            EngineConfig(
-                model=model,
-                dtype=dtype,
-                device=device,
-                block_size=block_size,
-                num_kv_blocks=num_kv_blocks,
-                kv_cache_memory=kv_cache_memory,
-                gpu_memory_utilization=gpu_memory_utilization,
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len,
-                enable_prefix_caching=enable_prefix_caching,
-                draft_model=draft_model,
-                num_speculative_tokens=num_speculative_tokens,
-                seed=seed,
-                show_progress=show_progress,
-            )
-        )
+    """The whole engine behind vLLM's offline API. ``options`` are ``EngineConfig``'s fields
+    (``dtype``, ``device``, ``num_kv_blocks``, ``max_num_seqs``, ``enable_prefix_caching``,
+    ``draft_model``, ``num_speculative_tokens``, ``seed``, ...); an unknown one is a TypeError."""
+
+    def __init__(self, model: str, **options: Any) -> None:
+        self.engine = build_engine(EngineConfig(model=model, **options))
 
     @property
     def tokenizer(self) -> Any:

@@ -51,7 +51,10 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The name and shape of every tensor a Qwen2 checkpoint of this config must contain."""
     h, i = config.hidden_size, config.intermediate_size
     q, kv = config.q_size, config.kv_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
     for layer in range(config.num_hidden_layers):
         p = f"model.layers.{layer}."
         shapes.update(
@@ -112,7 +115,9 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(f"{file} is truncated: it is {size} bytes, too short for a safetensors header")
         (header_len,) = struct.unpack("<Q", prefix)
         if header_len > size - 8:
-            raise CheckpointError(f"{file} is truncated or not a safetensors file: header of {header_len} bytes in a {size}-byte file")
+            raise CheckpointError(
+                f"{file} is truncated or not a safetensors file: header of {header_len} bytes in a {size}-byte file"
+            )
         try:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

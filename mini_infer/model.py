@@ -116,7 +116,9 @@ class Qwen2Layer(nn.Module):
 class Qwen2Model(nn.Module):
     """Qwen2 / Qwen2.5 decoder with fused projections; see the module docstring."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
@@ -128,12 +130,19 @@ class Qwen2Model(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = self.embed
         else:
-            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, h, dtype=dtype, device=device), requires_grad=False)
+            self.lm_head = nn.Parameter(
+                torch.empty(config.vocab_size, h, dtype=dtype, device=device), requires_grad=False
+            )
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, device)
 
     @classmethod
     def from_pretrained(
-        cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *, show_progress: bool = True
+        cls,
+        model_dir: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        *,
+        show_progress: bool = True,
     ) -> Qwen2Model:
         config = ModelConfig.from_model_dir(model_dir)
         model = cls(config, dtype, device)
@@ -159,7 +168,11 @@ class Qwen2Model(nn.Module):
         if module == "self_attn" and leaf == "o_proj":
             return layer.o_weight
         if module == "self_attn":
-            start, size = {"q_proj": (0, c.q_size), "k_proj": (c.q_size, c.kv_size), "v_proj": (c.q_size + c.kv_size, c.kv_size)}[leaf]
+            start, size = {
+                "q_proj": (0, c.q_size),
+                "k_proj": (c.q_size, c.kv_size),
+                "v_proj": (c.q_size + c.kv_size, c.kv_size),
+            }[leaf]
             fused = layer.qkv_weight if kind == "weight" else layer.qkv_bias
             return fused[start : start + size]
         if leaf == "down_proj":
@@ -175,7 +188,9 @@ class Qwen2Model(nn.Module):
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy streamed checkpoint tensors into place (cast and moved by ``copy_``)."""
         if self.prepacked:
-            raise RuntimeError("the weights are prepacked for the CPU; load weights into a model before prepack_weights()")
+            raise RuntimeError(
+                "the weights are prepacked for the CPU; load weights into a model before prepack_weights()"
+            )
         for name, tensor in tensors:
             self._destination(name).copy_(tensor)
 

@@ -1,107 +1,154 @@
-"""From a schedule to logits: one flat forward per engine step (chapters 05 and 06).
+"""From the step's sequences to logits: one typed ``ForwardBatch``, one flat forward (chapter 05).
 
-The scheduler says which sequences run and how many new tokens each brings. The runner lays
-those tokens out flat (prefill chunks first, then the batched group of sequences that bring the
-same number of tokens: decodes, shortest context first), builds the paged-attention metadata once for all layers, runs
-the model, and computes logits only where a token will be sampled: the last position of every
-chunk that reaches the end of its sequence, and, when speculative decoding (chapter 10) verifies
-drafts, every draft position too (``1 + num_speculative_tokens`` rows for that sequence).
+Whoever runs a step (the engine of chapter 06, the draft model of chapter 10) describes each
+sequence it computes with a ``SequenceInput``: the new tokens, where they start, the block table,
+and whether logits are wanted after them. ``ModelRunner.prepare`` turns those into one immutable
+``ForwardBatch`` holding everything the forward reads: flat ``input_ids`` and ``positions``, the
+paged-attention metadata (slot mapping, padded block tables, gather rows and masks, chapter 05),
+the query and context lengths, the rows whose logits are needed, and the guessed tokens those
+rows verify. ``execute(batch)`` runs the model on it and returns those logits.
 
-Everything for a step is assembled in Python lists and moved to the device in one go; the only
-host synchronisation of a step is the sampler's.
+Layout: tokens are laid out flat, prefill chunks first, then the *batched group*: the sequences
+that bring the same number ``Q`` of new tokens (``Q = 1``: decodes; ``Q = 1 + k``: speculative
+verification), shortest context first, so that each attention bucket holds similar lengths. A
+sequence that samples gets a logit row for its last token, and one for each guess it brings:
+``1 + k`` rows, in input order.
+
+Invariants: the batch is built once per step and never changed (the model and attention read
+only it; nothing is computed lazily inside a layer); each tensor is assembled in Python lists and
+sent to the device in one copy; ``prepare`` never synchronises with the device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, build_metadata
+from mini_infer.kv.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache, build_metadata
 from mini_infer.model import Qwen2Model
-from mini_infer.scheduler import ScheduledSequence
+
+# Only short, decode-like groups are batched: a long chunk attends better on its own, where a
+# chunk with no cached prefix needs no gather at all.
+MAX_BATCHED_QUERY_LEN = 16
 
 
-@dataclass(slots=True)
-class StepResult:
-    logits: torch.Tensor  # [rows, vocab] in the model's dtype, one row per sampled position
-    rows_of: list[range]  # for each scheduled sequence (schedule order): its rows in ``logits``
+@dataclass(frozen=True, slots=True)
+class SequenceInput:
+    """What one sequence brings to a forward pass."""
 
-    def logits_at(self, rows: list[int]) -> torch.Tensor:
-        """``logits[rows]``, without a copy when ``rows`` are all of them in order."""
-        if rows == list(range(self.logits.shape[0])):
-            return self.logits
-        return self.logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.logits.device))
+    token_ids: Sequence[int]  # its new tokens, at positions start, start + 1, ...
+    start: int  # tokens of the sequence whose K/V is already in the cache
+    block_ids: Sequence[int]  # its block table, long enough for every new token
+    samples: bool = False  # logits wanted after its last token (the chunk reaches the sequence's end)
+    # Speculative decoding (chapter 10): guessed tokens fed after ``token_ids``; each gets a
+    # logit row of its own, so that one forward verifies them all.
+    draft_token_ids: Sequence[int] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) + len(self.draft_token_ids)
+
+    @property
+    def context_len(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def num_logits(self) -> int:
+        return 1 + len(self.draft_token_ids) if self.samples else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    """Everything one forward computes, built once per step by ``ModelRunner.prepare``."""
+
+    input_ids: torch.Tensor  # [T] long, prefill chunks first, then the batched group
+    positions: torch.Tensor  # [T] long
+    attention: PagedAttentionMetadata  # slot mapping, padded block tables, gather rows, masks
+    query_lens: tuple[int, ...]  # per input, in input order
+    context_lens: tuple[int, ...]  # per input: cached tokens + new tokens
+    logits_indices: torch.Tensor  # [R] long: the tokens (of T) whose logits are computed
+    rows_of: tuple[range, ...]  # per input: its rows of the logits (empty when it does not sample)
+    draft_token_ids: tuple[tuple[int, ...], ...]  # per input: the guesses its rows verify
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def num_logits(self) -> int:
+        return sum(len(rows) for rows in self.rows_of)
+
+    @property
+    def attended_tokens(self) -> int:
+        """Sum over new tokens of the keys each attends to (for a roofline's FLOP count)."""
+        return sum(q * c for q, c in zip(self.query_lens, self.context_lens))
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache, *, feed_unknown_ids_as: int | None = None) -> None:
+    """One model and its paged KV cache: ``prepare`` a batch, then ``execute`` it."""
+
+    def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache) -> None:
         self.model = model
         self.kv_cache = kv_cache
-        # A draft model (chapter 10) may have a smaller padded vocabulary than its target, whose
-        # tokens it must read: ids past its own are fed as this id (its guesses only get worse).
-        self.feed_unknown_ids_as = feed_unknown_ids_as
-        self.block_size = kv_cache.block_size
         self.device = model.device
 
-    @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSequence], *, last_position_only: bool = False) -> StepResult:
-        """Run one step. A sequence that samples gets ``1 + num_speculative_tokens`` logit rows
-        (the verification of its drafts), or only its last position's with ``last_position_only``
-        (what a draft model proposing the next token needs)."""
-        batch_q = self._batched_query_len(scheduled)
-        prefills = [i for i, s in enumerate(scheduled) if s.num_new_tokens != batch_q]
-        # Shortest context first: the attention buckets of the group then hold similar lengths.
-        batched = sorted((i for i, s in enumerate(scheduled) if s.num_new_tokens == batch_q), key=lambda i: scheduled[i].context_len)
-        order = prefills + batched
-
+    def prepare(self, inputs: Sequence[SequenceInput]) -> ForwardBatch:
+        batch_q = _batched_query_len(inputs)
+        prefills = [i for i, s in enumerate(inputs) if s.num_tokens != batch_q]
+        batched = sorted((i for i, s in enumerate(inputs) if s.num_tokens == batch_q), key=lambda i: inputs[i].start)
         input_ids: list[int] = []
         positions: list[int] = []
-        token_start = [0] * len(scheduled)
-        for i in order:
-            s = scheduled[i]
-            start = s.context_len - s.num_new_tokens
+        token_start = [0] * len(inputs)
+        for i in prefills + batched:
+            s = inputs[i]
             token_start[i] = len(input_ids)
-            input_ids.extend(s.input_token_ids())
-            positions.extend(range(start, s.context_len))
-
+            input_ids += [*s.token_ids, *s.draft_token_ids]
+            positions += range(s.start, s.context_len)
+        logits_indices: list[int] = []
+        rows_of = []
+        for i, s in enumerate(inputs):
+            end = token_start[i] + s.num_tokens
+            rows_of.append(range(len(logits_indices), len(logits_indices) + s.num_logits))
+            logits_indices += range(end - s.num_logits, end)
         metadata = build_metadata(
-            prefills=[(scheduled[i].num_new_tokens, scheduled[i].context_len, scheduled[i].seq.block_table.block_ids) for i in prefills],
-            batch=[(scheduled[i].context_len, scheduled[i].seq.block_table.block_ids) for i in batched],
+            prefills=[(inputs[i].num_tokens, inputs[i].context_len, inputs[i].block_ids) for i in prefills],
+            batch=[(inputs[i].context_len, inputs[i].block_ids) for i in batched],
             batch_query_len=batch_q,
-            block_size=self.block_size,
-            device=self.device,
+            cache=self.kv_cache,
+            num_heads=self.model.config.num_attention_heads,
         )
-        if self.feed_unknown_ids_as is not None:
-            vocab = self.model.config.vocab_size
-            input_ids = [t if t < vocab else self.feed_unknown_ids_as for t in input_ids]
-        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model.forward(ids, pos, PagedAttention(self.kv_cache, metadata))
 
-        sample_index: list[int] = []
-        rows_of: list[range] = []
-        for i, s in enumerate(scheduled):
-            if not s.samples:
-                rows_of.append(range(len(sample_index), len(sample_index)))
-                continue
-            k = 1 if last_position_only else 1 + s.num_speculative_tokens
-            end = token_start[i] + s.num_new_tokens
-            rows_of.append(range(len(sample_index), len(sample_index) + k))
-            sample_index.extend(range(end - k, end))
-        if not sample_index:
-            return StepResult(torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype, device=self.device), rows_of)
-        index = torch.tensor(sample_index, dtype=torch.long, device=self.device)
-        # The model's dtype: a greedy step never needs a float32 copy of [rows, vocab] logits.
-        return StepResult(self.model.compute_logits(hidden.index_select(0, index), dtype=self.model.dtype), rows_of)
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    @staticmethod
-    def _batched_query_len(scheduled: list[ScheduledSequence]) -> int:
-        """The new-token count shared by the most sequences: they are attended as one batch."""
-        counts: dict[int, int] = {}
-        for s in scheduled:
-            counts[s.num_new_tokens] = counts.get(s.num_new_tokens, 0) + 1
-        # Only short, decode-like groups are batched (Q <= 16): a long chunk attends better on
-        # its own, where a chunk with no cached prefix needs no gather at all. 0 = no group.
-        small = [q for q in counts if q <= 16]
-        return max(small, key=lambda q: (counts[q], -q)) if small else 0
+        return ForwardBatch(
+            tensor(input_ids),
+            tensor(positions),
+            metadata,
+            tuple(s.num_tokens for s in inputs),
+            tuple(s.context_len for s in inputs),
+            tensor(logits_indices),
+            tuple(rows_of),
+            tuple(tuple(s.draft_token_ids) for s in inputs),
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits ``[R, vocab]`` of the batch's logit rows, in the model's dtype (a greedy step
+        never needs a float32 copy of them)."""
+        hidden = self.model.forward(batch.input_ids, batch.positions, PagedAttention(self.kv_cache, batch.attention))
+        if not batch.num_logits:
+            return torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype, device=self.device)
+        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)
+
+
+def _batched_query_len(inputs: Sequence[SequenceInput]) -> int:
+    """The new-token count shared by the most sequences, up to ``MAX_BATCHED_QUERY_LEN``: they
+    are attended as one group (0: no group)."""
+    counts: dict[int, int] = {}
+    for s in inputs:
+        counts[s.num_tokens] = counts.get(s.num_tokens, 0) + 1
+    small = [q for q in counts if q <= MAX_BATCHED_QUERY_LEN]
+    return max(small, key=lambda q: (counts[q], -q)) if small else 0

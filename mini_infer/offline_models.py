@@ -155,7 +155,9 @@ def qwen2_config_dict(shape: ModelShape, *, torch_dtype: str, eos_token_ids: Seq
     return config
 
 
-def random_state_dict(shape: ModelShape, *, seed: int, dtype: torch.dtype, init_std: float = 0.02) -> dict[str, torch.Tensor]:
+def random_state_dict(
+    shape: ModelShape, *, seed: int, dtype: torch.dtype, init_std: float = 0.02
+) -> dict[str, torch.Tensor]:
     """Random weights under Hugging Face's Qwen2 names. Norm weights start at one, as trained
     models' roughly do, so activations keep a sensible scale through many layers."""
     gen = torch.Generator().manual_seed(seed)
@@ -260,3 +262,16 @@ def write_random_model(
     tensors[output_projection][len(tokenizer) :] = 0
     save_sharded(tensors, directory, max_shard_bytes)
     return directory
+
+
+RANDOM_MODELS_CACHE = Path.home() / ".cache" / "mini-infer" / "random-models"
+
+
+def random_model_dir(shape: str, dtype: str, cache_dir: Path = RANDOM_MODELS_CACHE) -> Path:
+    """A random-weight model at ``shape`` (for benchmarks: speed does not depend on the weights),
+    written once under ``cache_dir`` and reused."""
+    path = cache_dir / f"{shape}-{dtype}"
+    if not (path / "config.json").is_file():
+        print(f"writing a random-weight {shape} model to {path} (once)")
+        write_random_model(path, shape, seed=0, dtype=dtype)
+    return path

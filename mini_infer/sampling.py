@@ -1,16 +1,18 @@
-"""Sampling: from one step's logits to one token per sequence (chapter 09).
+"""Sampling: from one step's logits to the tokens each sequence keeps (chapter 09).
 
-Three pieces, in the order a step uses them:
+Chapter 06's engine decoded greedily. This module gives it everything else a request can ask for
+(``SamplingParams``, chapter 06, names the fields):
 
-* ``SamplingParams``: what a request asks for, with vLLM's names and defaults, validated when
-  it is built so that a bad request fails at the door with a message naming the field.
-* ``Sampler``: turns the logits of a batch (one row per sequence) into one token per row:
-  penalties -> greedy rows take the argmax -> temperature -> top-k -> top-p -> min-p -> sample.
-  The filters are public functions (``apply_penalties``, ``apply_top_k``, ``apply_top_p``,
-  ``apply_min_p``) and ``probs_from_logits`` returns the distribution a row is sampled from, so
-  that speculative decoding (chapter 10) can do rejection sampling on exactly that distribution.
-* ``StopStringChecker``: watches the streamed, detokenized text for stop strings and holds back
-  text that may be the start of one.
+* Filters, public functions of logits ``[N, V]`` and per-row parameters: ``apply_penalties``,
+  ``apply_top_k``, ``apply_top_p``, ``apply_min_p``. ``probs_from_logits`` applies temperature
+  and the filters and returns the distribution a row is sampled from, which is also what
+  speculative decoding (chapter 10) verifies guesses against.
+* ``Sampler.__call__``: one token per row, on the device, without a host sync:
+  penalties -> greedy rows take the argmax -> temperature -> top-k -> top-p -> min-p -> sample,
+  plus logprobs when a row asks for them.
+* ``Sampler.sample``: the engine's sample stage (chapter 06's ``TokenSampler``): each sequence's
+  rows through ``__call__``, one host sync, then ``greedy.accepted_prefix`` per sequence (greedy
+  guesses are verified by comparison; sampled ones by chapter 10's ``SpeculativeDecoder``).
 
 Invariants:
 
@@ -18,12 +20,12 @@ Invariants:
   host -> device through pinned memory without blocking, filters are batched tensor ops over
   per-row parameter tensors (no ``.item()``, no boolean-mask indexing, no Python loop over rows
   for the filters), and every decision that depends on a value (is any row greedy? does any row
-  use top-k?) is taken from the ``SamplingParams`` on the host. The step's single sync is the
-  engine reading the result: ``SamplerOutput.to_host()``.
+  use top-k?) is taken from the ``SamplingParams`` on the host. The step's single sync is
+  reading the result: ``SamplerOutput.to_host()``.
 * **A seeded row does not depend on the batch around it.** Sampling is the exponential race
   (``argmax(probs / q)`` with ``q ~ Exp(1)``, equivalent to the Gumbel-max trick). A seeded
   request owns its ``torch.Generator`` (``make_generator``), which draws that row's ``q`` of
-  shape ``[V]`` and advances by exactly one such draw per sampled token. Unseeded rows share one
+  shape ``[V]`` and advances by exactly one such draw per sampled row. Unseeded rows share one
   draw from the sampler's own generator. So a seeded request alone and inside a busy batch
   produce the same tokens from the same logits (the model's logits themselves may differ in the
   last bits between batch shapes; that is the model's business, not the sampler's).
@@ -36,152 +38,38 @@ the row's values alone, independent of how a sort happened to order equal entrie
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from mini_infer.greedy import SampledTokens, argmax_rows, keep_per_sequence
+from mini_infer.model_runner import ForwardBatch
 from mini_infer.outputs import TokenLogprob
+from mini_infer.sampling_params import SamplingParams, make_generator
+from mini_infer.sequence import Sequence as Seq
 
-# vLLM's convention: temperatures this small are treated as 0 (greedy), because dividing the
-# logits by them overflows float32 for no difference in the result.
-_GREEDY_TEMPERATURE = 1e-5
-_MAX_LOGPROBS = 20
-
-
-# --------------------------------------------------------------------------------------------
-# SamplingParams
-# --------------------------------------------------------------------------------------------
-
-
-def _fail(name: str, rule: str, value: object) -> ValueError:
-    return ValueError(f"{name} must be {rule}, got {value!r}")
-
-
-def _number(name: str, value: object) -> float:
-    # bool is an int in Python; temperature=True is a bug in the caller, not 1.0.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _fail(name, "a number", value)
-    x = float(value)
-    if not math.isfinite(x):
-        raise _fail(name, "a finite number", value)
-    return x
+__all__ = [
+    "Sampler",
+    "SamplerOutput",
+    "SamplingParams",
+    "apply_min_p",
+    "apply_penalties",
+    "apply_top_k",
+    "apply_top_p",
+    "exponential_race",
+    "make_generator",
+    "probs_from_logits",
+    "sample_from_probs",
+]
 
 
-def _integer(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise _fail(name, "an int", value)
-    return int(value)
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(name, "a bool", value)
-    return value
-
-
-@dataclass(slots=True)
-class SamplingParams:
-    """What one request asks of the sampler (vLLM's names and defaults).
-
-    After construction ``stop`` and ``stop_token_ids`` are always lists (empty when not given;
-    ``stop`` also takes one string and ``stop_token_ids`` also takes None, as in vLLM).
-    """
-
-    max_tokens: int = 16
-    temperature: float = 1.0  # 0 (below 1e-5) means greedy
-    top_p: float = 1.0  # in (0, 1]; 1 disables
-    top_k: int = -1  # -1 disables; larger than the vocabulary is clamped
-    min_p: float = 0.0  # in [0, 1]; 0 disables
-    seed: int | None = None  # a seeded request owns a generator (make_generator)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: int | None = None  # number of top alternatives besides the chosen token
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    include_stop_str_in_output: bool = False
-
-    def __post_init__(self) -> None:
-        self.max_tokens = _integer("max_tokens", self.max_tokens)
-        if self.max_tokens < 1:
-            raise _fail("max_tokens", ">= 1", self.max_tokens)
-        self.temperature = _number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise _fail("temperature", ">= 0", self.temperature)
-        self.top_p = _number("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
-            raise _fail("top_p", "in (0, 1]", self.top_p)
-        self.top_k = _integer("top_k", self.top_k)
-        if self.top_k != -1 and self.top_k < 1:
-            raise _fail("top_k", "-1 (disabled) or >= 1", self.top_k)
-        self.min_p = _number("min_p", self.min_p)
-        if not 0 <= self.min_p <= 1:
-            raise _fail("min_p", "in [0, 1]", self.min_p)
-        if self.seed is not None:
-            self.seed = _integer("seed", self.seed)
-            # torch.Generator.manual_seed takes a 64-bit seed.
-            if not 0 <= self.seed < 2**64:
-                raise _fail("seed", "None or an int in [0, 2**64)", self.seed)
-        self.stop = self._check_stop(self.stop)
-        self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
-        self.ignore_eos = _flag("ignore_eos", self.ignore_eos)
-        self.include_stop_str_in_output = _flag("include_stop_str_in_output", self.include_stop_str_in_output)
-        if self.logprobs is not None:
-            self.logprobs = _integer("logprobs", self.logprobs)
-            if not 0 <= self.logprobs <= _MAX_LOGPROBS:
-                raise _fail("logprobs", f"None or in [0, {_MAX_LOGPROBS}]", self.logprobs)
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = _number(name, getattr(self, name))
-            if not -2 <= value <= 2:
-                raise _fail(name, "in [-2, 2]", value)
-            setattr(self, name, value)
-        self.repetition_penalty = _number("repetition_penalty", self.repetition_penalty)
-        if self.repetition_penalty <= 0:
-            raise _fail("repetition_penalty", "> 0", self.repetition_penalty)
-
-    @staticmethod
-    def _check_stop(stop: object) -> list[str]:
-        if stop is None:
-            return []
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise _fail("stop", "a str or a list of str", stop)
-        if any(s == "" for s in stop):
-            # An empty stop string would match before the first character: almost surely a bug.
-            raise _fail("stop", "non-empty strings", stop)
-        return list(stop)
-
-    @staticmethod
-    def _check_stop_token_ids(ids: object) -> list[int]:
-        if ids is None:
-            return []
-        if isinstance(ids, (list, tuple)) and all(
-            isinstance(i, numbers.Integral) and not isinstance(i, bool) and int(i) >= 0 for i in ids
-        ):
-            return [int(i) for i in ids]
-        raise _fail("stop_token_ids", "a list of ints >= 0", ids)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < _GREEDY_TEMPERATURE
-
-    @property
-    def needs_penalties(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# Moving per-row values to the device without a sync
-# --------------------------------------------------------------------------------------------
-
-
-def _to_device(values: Sequence[float] | Sequence[int] | Sequence[bool] | Sequence[Sequence[int]],
-               dtype: torch.dtype, device: torch.device) -> Tensor:
+def _to_device(
+    values: Sequence[float] | Sequence[int] | Sequence[bool] | Sequence[Sequence[int]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor:
     cpu = torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
         # A copy from ordinary (pageable) host memory makes the host wait until the device has
@@ -190,25 +78,14 @@ def _to_device(values: Sequence[float] | Sequence[int] | Sequence[bool] | Sequen
     return cpu.to(device)
 
 
-def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
-    """A random generator on ``device``: seeded, or from fresh entropy when ``seed`` is None."""
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
-
-
-# --------------------------------------------------------------------------------------------
-# Filters: each takes logits [N, V] and per-row parameters [N], returns new logits with the
-# removed tokens at -inf (so they compose, and softmax gives them probability 0).
-# --------------------------------------------------------------------------------------------
-
-
-def apply_penalties(logits: Tensor, prompt_counts: Tensor, output_counts: Tensor,
-                    repetition_penalty: Tensor, presence_penalty: Tensor,
-                    frequency_penalty: Tensor) -> Tensor:
+def apply_penalties(
+    logits: Tensor,
+    prompt_counts: Tensor,
+    output_counts: Tensor,
+    repetition_penalty: Tensor,
+    presence_penalty: Tensor,
+    frequency_penalty: Tensor,
+) -> Tensor:
     """Repetition penalty on tokens seen in the prompt or output, then OpenAI's presence and
     frequency penalties on tokens of the output. Counts are ``[N, V]``, penalties ``[N]``."""
     seen = (prompt_counts > 0) | (output_counts > 0)
@@ -266,33 +143,15 @@ def _temperatures(params_list: Sequence[SamplingParams]) -> list[float]:
     return [1.0 if p.greedy else p.temperature for p in params_list]
 
 
-def argmax_rows(logits: Tensor) -> Tensor:
-    """Each row's argmax (its first maximum, as ``Tensor.argmax``), for logits of any dtype.
-
-    ``Tensor.argmax`` over 151,936 columns runs at about one element per nanosecond on a CPU
-    core, while ``amax`` is vectorised: so the row is cut into blocks of up to 128 columns, the
-    first block holding the row's maximum is found from the block maxima, and only that block
-    is searched. At 64 rows of bf16 Qwen2.5 logits: 4 ms, against 26 ms for casting to float32
-    and taking the argmax. A vocabulary that no block width divides falls back to ``argmax``.
-    """
-    rows, vocab = logits.shape
-    width = next((w for w in (128, 64, 32, 16) if vocab % w == 0 and vocab > w), 0)
-    if not width:
-        return logits.argmax(dim=-1)
-    blocks = logits.view(rows, vocab // width, width)
-    block = blocks.amax(dim=-1).argmax(dim=-1)  # the first block that holds the row's maximum
-    within = blocks[torch.arange(rows, device=logits.device), block].argmax(dim=-1)
-    return block * width + within
-
-
 def probs_from_logits(logits: Tensor, params_list: Sequence[SamplingParams]) -> Tensor:
     """The distribution each row is sampled from: float32 ``[N, V]`` after temperature, top-k,
     top-p and min-p; greedy rows are one-hot on the argmax. Penalties are not applied here (they
     need the tokens seen so far): apply ``apply_penalties`` to ``logits`` first if a row has any.
     """
     if logits.dim() != 2 or logits.shape[0] != len(params_list):
-        raise ValueError(f"logits must be [N, V] with N = len(params_list) = {len(params_list)}, "
-                         f"got shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits must be [N, V] with N = len(params_list) = {len(params_list)}, got shape {tuple(logits.shape)}"
+        )
     device = logits.device
     raw = logits.to(torch.float32)
     scaled = raw / _to_device(_temperatures(params_list), torch.float32, device).unsqueeze(1)
@@ -316,7 +175,8 @@ def probs_from_logits(logits: Tensor, params_list: Sequence[SamplingParams]) -> 
     return probs
 
 
-def _exponential_race(probs: Tensor, exponentials: Tensor) -> Tensor:
+def exponential_race(probs: Tensor, exponentials: Tensor) -> Tensor:
+    """One token per row of ``probs``, given ``exponentials`` of the same shape drawn from Exp(1)."""
     # P(argmax_i p_i / q_i = j) = p_j when q_i ~ Exp(1): q_i / p_i ~ Exp(rate p_i), and the
     # smallest of independent exponentials is j with probability p_j / sum(p). Tokens with
     # p = 0 can never win, and a one-hot row always returns its hot token. The clamp guards
@@ -328,12 +188,7 @@ def sample_from_probs(probs: Tensor, generator: torch.Generator | None = None) -
     """Draw one token from each row of ``probs`` (``[..., V]``, rows need not be normalised):
     one draw of ``probs.shape`` exponentials from ``generator``. For speculative verification."""
     exponentials = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
-    return _exponential_race(probs.to(torch.float32), exponentials)
-
-
-# --------------------------------------------------------------------------------------------
-# Sampler
-# --------------------------------------------------------------------------------------------
+    return exponential_race(probs.to(torch.float32), exponentials)
 
 
 @dataclass(slots=True)
@@ -353,6 +208,7 @@ class SamplerOutput:
     top_token_ids: Tensor | None = None  # [N, K] long
     top_logprobs: Tensor | None = None  # [N, K] float32
     num_logprobs: list[int | None] = field(default_factory=list)  # each row's params.logprobs
+    accepted: Tensor | None = None  # [N] bool: the row's guessed token was kept (chapter 10's verification)
 
     def to_host(self) -> SamplerOutput:
         """Copy everything to the CPU with a single host sync (the step's one)."""
@@ -366,8 +222,14 @@ class SamplerOutput:
         def copy(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to("cpu", non_blocking=non_blocking)
 
-        host = SamplerOutput(self.token_ids.to("cpu", non_blocking=non_blocking), copy(self.logprobs),
-                             copy(self.top_token_ids), copy(self.top_logprobs), self.num_logprobs)
+        host = SamplerOutput(
+            self.token_ids.to("cpu", non_blocking=non_blocking),
+            copy(self.logprobs),
+            copy(self.top_token_ids),
+            copy(self.top_logprobs),
+            self.num_logprobs,
+            copy(self.accepted),
+        )
         if non_blocking:
             torch.cuda.current_stream(device).synchronize()
         return host
@@ -382,7 +244,9 @@ class SamplerOutput:
         tokens = list(token_ids) if token_ids is not None else host.token_ids.tolist()
         chosen, top_ids, top_values = host.logprobs.tolist(), host.top_token_ids.tolist(), host.top_logprobs.tolist()
         return [
-            None if k is None else TokenLogprob(tokens[i], chosen[i], dict(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
+            None
+            if k is None
+            else TokenLogprob(tokens[i], chosen[i], dict(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
             for i, k in enumerate(self.num_logprobs)
         ]
 
@@ -399,13 +263,12 @@ def _token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, device: t
 
 
 class Sampler:
-    """Turns a batch of logits into one token per row, on the device, without a host sync.
+    """Turns a batch of logits into tokens, on the device, with one host sync per engine step.
 
-    Unseeded rows draw from ``default_generator`` when the call passes one (the engine's, seeded
-    by ``LLM(seed=...)``), else from a generator the sampler makes on the logits' device from its
-    own ``seed``. Seeded rows bring their own (``make_generator(params.seed, device)``, kept by
-    the request for its whole life, so that preemption or a different batch does not change its
-    tokens).
+    Unseeded rows draw from ``default_generator`` when a call passes one, else from a generator
+    the sampler makes on the logits' device from its own ``seed`` (``LLM(seed=...)``). Seeded rows
+    bring their own (``make_generator(params.seed, device)``, kept by the request for its whole
+    life, so that preemption or a different batch does not change its tokens).
     """
 
     def __init__(self, seed: int | None = None) -> None:
@@ -418,11 +281,46 @@ class Sampler:
             self._generators[device] = make_generator(self.seed, device)
         return self._generators[device]
 
-    def __call__(self, logits: Tensor, params_list: Sequence[SamplingParams],
-                 generators: Sequence[torch.Generator | None] | None = None,
-                 prompt_token_ids: Sequence[Sequence[int]] | None = None,
-                 output_token_ids: Sequence[Sequence[int]] | None = None,
-                 default_generator: torch.Generator | None = None) -> SamplerOutput:
+    def check(self, params: SamplingParams) -> None:
+        """Every valid ``SamplingParams`` can be served (chapter 06's ``TokenSampler`` asks)."""
+
+    # ----------------------------------------------------------------- the engine's stage
+    def sample(
+        self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: Tensor | None = None
+    ) -> list[SampledTokens]:
+        """Each input's kept tokens (and logprobs when asked) from ``logits`` ``[rows, V]``."""
+        if draft_probs is not None:
+            raise ValueError(
+                "sampled guesses are verified by speculative.SpeculativeDecoder (chapter 10), not by Sampler"
+            )
+        out = self(logits, *self.row_arguments(batch, seqs))
+        return per_sequence(out.to_host(), batch)  # the step's one host sync
+
+    @staticmethod
+    def row_arguments(
+        batch: ForwardBatch, seqs: Sequence[Seq]
+    ) -> tuple[list[SamplingParams], list[torch.Generator | None], list[list[int]] | None, list[list[int]] | None]:
+        """``__call__``'s per-row arguments for the logit rows of ``batch``: each row's params and
+        generator, and the token histories when a row has a penalty."""
+        rows = [seq for seq, row_range in zip(seqs, batch.rows_of, strict=True) for _ in row_range]
+        penalties = any(s.params.needs_penalties for s in rows)
+        return (
+            [s.params for s in rows],
+            [s.generator for s in rows],
+            [s.prompt_token_ids for s in rows] if penalties else None,
+            [s.output_token_ids for s in rows] if penalties else None,
+        )
+
+    # ----------------------------------------------------------------- one token per row
+    def __call__(
+        self,
+        logits: Tensor,
+        params_list: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None] | None = None,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        output_token_ids: Sequence[Sequence[int]] | None = None,
+        default_generator: torch.Generator | None = None,
+    ) -> SamplerOutput:
         """Sample one token per row of ``logits`` ``[N, V]`` (any float dtype; cast to float32
         unless every row is plain greedy).
 
@@ -431,10 +329,33 @@ class Sampler:
         ``prompt_token_ids`` and ``output_token_ids`` (one list per row) are read only when some
         row has a penalty.
         """
+        gens, shared = self._check_call(logits, params_list, generators, default_generator)
+        if all(p.greedy and not p.needs_penalties and p.logprobs is None for p in params_list):
+            # The common greedy batch needs no float32 copy of the logits at all.
+            return SamplerOutput(argmax_rows(logits), num_logprobs=[None] * len(params_list))
+        logits = self.penalise(logits.to(torch.float32), params_list, prompt_token_ids, output_token_ids)
+        if all(p.greedy for p in params_list):
+            token_ids = argmax_rows(logits)
+        else:
+            probs = probs_from_logits(logits, params_list)
+            token_ids = exponential_race(
+                probs, self.exponentials(probs.shape, params_list, gens, shared, logits.device)
+            )
+        return self.with_logprobs(
+            SamplerOutput(token_ids, num_logprobs=[p.logprobs for p in params_list]), logits, params_list
+        )
+
+    def _check_call(
+        self,
+        logits: Tensor,
+        params_list: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None] | None,
+        default_generator: torch.Generator | None,
+    ) -> tuple[list[torch.Generator | None], torch.Generator]:
         n = len(params_list)
         if logits.dim() != 2 or logits.shape[0] != n:
             raise ValueError(f"logits must be [N, V] with N = len(params_list) = {n}, got {tuple(logits.shape)}")
-        gens = list(generators) if generators is not None else [None] * n
+        gens: list[torch.Generator | None] = list(generators) if generators is not None else [None] * n
         if len(gens) != n:
             raise ValueError(f"need one generator (or None) per row: {n} rows, {len(gens)} generators")
         for i, (p, g) in enumerate(zip(params_list, gens, strict=True)):
@@ -442,40 +363,42 @@ class Sampler:
                 raise ValueError(f"row {i} has seed={p.seed} but no generator; use make_generator")
             if g is not None and g.device.type != logits.device.type:
                 raise ValueError(f"row {i}: generator on {g.device}, logits on {logits.device}")
-        device = logits.device
-        shared = default_generator if default_generator is not None else self.generator_for(device)
-        if shared.device.type != device.type:
-            raise ValueError(f"default_generator on {shared.device}, logits on {device}")
-        if all(p.greedy and not p.needs_penalties and p.logprobs is None for p in params_list):
-            # The common greedy batch needs no float32 copy of the logits at all.
-            return SamplerOutput(argmax_rows(logits), num_logprobs=[None] * n)
-        logits = logits.to(torch.float32)
+        shared = default_generator if default_generator is not None else self.generator_for(logits.device)
+        if shared.device.type != logits.device.type:
+            raise ValueError(f"default_generator on {shared.device}, logits on {logits.device}")
+        return gens, shared
 
-        if any(p.needs_penalties for p in params_list):
-            logits = self._penalise(logits, params_list, prompt_token_ids, output_token_ids)
-
-        if all(p.greedy for p in params_list):
-            token_ids = argmax_rows(logits)
-        else:
-            probs = probs_from_logits(logits, params_list)
-            token_ids = _exponential_race(probs, self._exponentials(probs.shape, params_list, gens, shared, device))
-
-        output = SamplerOutput(token_ids, num_logprobs=[p.logprobs for p in params_list])
+    def with_logprobs(
+        self, output: SamplerOutput, logits: Tensor, params_list: Sequence[SamplingParams]
+    ) -> SamplerOutput:
+        """Add the logprobs of the chosen tokens and the top alternatives, when a row asks (see
+        ``SamplerOutput``); ``logits`` are the penalised float32 ones."""
         asked = [p.logprobs for p in params_list if p.logprobs is not None]
         if asked:
-            temperature = _to_device(_temperatures(params_list), torch.float32, device).unsqueeze(1)
+            temperature = _to_device(_temperatures(params_list), torch.float32, logits.device).unsqueeze(1)
             logprobs = (logits / temperature).log_softmax(dim=-1)
-            output.logprobs = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+            output.logprobs = logprobs.gather(1, output.token_ids.unsqueeze(1)).squeeze(1)
             top = logprobs.topk(min(max(asked), logprobs.shape[1]), dim=-1)
             output.top_token_ids, output.top_logprobs = top.indices, top.values
         return output
 
-    def _penalise(self, logits: Tensor, params_list: Sequence[SamplingParams],
-                  prompt_token_ids: Sequence[Sequence[int]] | None,
-                  output_token_ids: Sequence[Sequence[int]] | None) -> Tensor:
+    def penalise(
+        self,
+        logits: Tensor,
+        params_list: Sequence[SamplingParams],
+        prompt_token_ids: Sequence[Sequence[int]] | None,
+        output_token_ids: Sequence[Sequence[int]] | None,
+    ) -> Tensor:
+        """``logits`` (float32) with each row's penalties applied; unchanged when no row has any."""
+        if not any(p.needs_penalties for p in params_list):
+            return logits
         n, vocab = logits.shape
-        if prompt_token_ids is None or output_token_ids is None or len(prompt_token_ids) != n \
-                or len(output_token_ids) != n:
+        if (
+            prompt_token_ids is None
+            or output_token_ids is None
+            or len(prompt_token_ids) != n
+            or len(output_token_ids) != n
+        ):
             raise ValueError("a row has a penalty: pass prompt_token_ids and output_token_ids, one list per row")
         # Rows without penalties contribute no ids, so their counts stay zero and cost nothing.
         # (A production engine keeps these counts on the device and updates them each step.)
@@ -492,9 +415,14 @@ class Sampler:
         )
 
     @staticmethod
-    def _exponentials(shape: torch.Size, params_list: Sequence[SamplingParams],
-                      gens: Sequence[torch.Generator | None], shared_generator: torch.Generator,
-                      device: torch.device) -> Tensor:
+    def exponentials(
+        shape: torch.Size,
+        params_list: Sequence[SamplingParams],
+        gens: Sequence[torch.Generator | None],
+        shared_generator: torch.Generator,
+        device: torch.device,
+    ) -> Tensor:
+        """The Exp(1) draws of the race, ``[N, V]``: a seeded row's from its own generator."""
         n, vocab = shape
         own_generator = [g is not None and not p.greedy for p, g in zip(params_list, gens, strict=True)]
         if any(g is None and not p.greedy for p, g in zip(params_list, gens, strict=True)):
@@ -511,57 +439,18 @@ class Sampler:
         return exponentials
 
 
-# --------------------------------------------------------------------------------------------
-# Stop strings over streamed text
-# --------------------------------------------------------------------------------------------
+def per_sequence(host: SamplerOutput, batch: ForwardBatch) -> list[SampledTokens]:
+    """Each input's kept tokens from a host ``SamplerOutput`` (one entry per logit row)."""
+    tokens = host.token_ids.tolist()
+    kept = keep_per_sequence(batch, tokens, None if host.accepted is None else host.accepted.tolist())
+    if host.logprobs is not None:
+        # Requests with logprobs are never speculated (chapter 10): one row, one token each.
+        for sampled, rows, logprob in zip(kept, batch.rows_of, _row_logprobs(host, tokens, batch)):
+            if rows and logprob is not None:
+                sampled.logprobs = [logprob]
+    return kept
 
 
-class StopStringChecker:
-    """Finds stop strings in text that arrives in pieces, and says what is safe to emit.
-
-    The stop is the occurrence that is completed first as text arrives (smallest end; among
-    those ending together, the longest). That is what checking after every character would
-    find, so the answer does not depend on how the text was chunked. Text that might be the
-    start of a stop string is held back until it is resolved: a stop string is never emitted
-    (unless ``include_stop_str_in_output``, and then whole, in the last chunk).
-    """
-
-    def __init__(self, stop: Sequence[str], include_stop_str_in_output: bool = False) -> None:
-        if isinstance(stop, str) or any(not isinstance(s, str) or s == "" for s in stop):
-            raise ValueError(f"stop must be a list of non-empty str, got {stop!r}")
-        self.stop = list(stop)
-        self.include_stop_str_in_output = include_stop_str_in_output
-        self.stopped = False
-        self.matched: str | None = None  # the stop string found (vLLM's stop_reason)
-        self._held = ""
-
-    def push(self, new_text: str) -> tuple[str, bool]:
-        """Add text; return (text safe to emit now, whether a stop string was completed)."""
-        if self.stopped:
-            raise RuntimeError("push() after a stop string was found: the request is finished")
-        text = self._held + new_text
-        # Only ``text`` can hold a completed stop string: emitted text never held the start of
-        # one (see below), and a stop string inside the held text alone would have been found.
-        found = [(start + len(s), start) for s in self.stop if (start := text.find(s)) >= 0]
-        if found:
-            end, start = min(found)  # first to complete; of those ending together, the longest
-            self.stopped, self.matched, self._held = True, text[start:end], ""
-            return text[:end] if self.include_stop_str_in_output else text[:start], True
-        held = self._longest_suffix_starting_a_stop(text)
-        self._held = text[len(text) - held:] if held else ""
-        return text[:len(text) - held], False
-
-    def flush(self) -> str:
-        """Release held-back text when the request ends for another reason (EOS, max_tokens)."""
-        held, self._held = self._held, ""
-        return held
-
-    def _longest_suffix_starting_a_stop(self, text: str) -> int:
-        # A stop string that may still complete must start inside this suffix: if it started
-        # earlier, the text from its start would be a longer suffix that is a prefix of it.
-        longest = min(len(text), max((len(s) for s in self.stop), default=1) - 1)
-        for length in range(longest, 0, -1):
-            suffix = text[-length:]
-            if any(s.startswith(suffix) for s in self.stop):
-                return length
-        return 0
+def _row_logprobs(host: SamplerOutput, tokens: list[int], batch: ForwardBatch) -> list[TokenLogprob | None]:
+    per_row = host.to_token_logprobs(tokens)
+    return [per_row[rows.start] if rows else None for rows in batch.rows_of]

@@ -21,6 +21,12 @@ A new request starts after the longest prefix whose K/V is already in the pool: 
 match (chapter 08), or, for the ``n`` choices of one request, the full prompt blocks of the
 first choice, shared by reference count (a fork waits until its parent's prompt is computed).
 
+Later chapters plug in through two small protocols defined here, so that this module imports
+nothing of theirs: ``PrefixCache`` (chapter 08's radix tree) and ``Speculation`` (chapter 10's
+speculative decoder, which asks for *draft slots*: after everything else is scheduled, a
+decoding sequence may bring a few guessed tokens as well, from the budget and the free blocks
+that are left, and the scheduler never lets a guess delay a prompt, evict or preempt).
+
 Invariants (checked by ``check_invariants`` and asserted by the tests after every step):
 * every block is free, or referenced by running sequences and/or the prefix cache;
 * waiting sequences hold no blocks; running sequences hold exactly the blocks their computed
@@ -33,9 +39,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from mini_infer.kv.block_pool import BlockPool, num_blocks_for
-from mini_infer.kv.radix_cache import RadixCache
+from mini_infer.model_runner import SequenceInput
 from mini_infer.sequence import Sequence, SequenceStatus
 
 
@@ -43,29 +50,55 @@ class RequestTooLongError(ValueError):
     """A request that could never run: longer than the model's context or the whole KV pool."""
 
 
+class PrefixCache(Protocol):
+    """What the scheduler asks of a prefix cache (chapter 08's ``kv.radix_cache.RadixCache``)."""
+
+    def match_prefix(self, token_ids: Seq[int]) -> tuple[list[int], int]:
+        """The cached blocks of the longest cached prefix, and its length in tokens."""
+        ...
+
+    def insert(self, token_ids: Seq[int], block_ids: Seq[int]) -> int:
+        """Cache whole blocks of computed tokens; return the number of tokens newly cached."""
+        ...
+
+    def evict(self, num_blocks: int) -> int: ...
+
+    def cached_block_ids(self) -> set[int]: ...
+
+
+class Speculation(Protocol):
+    """What speculative decoding (chapter 10's ``SpeculativeDecoder``) tells the scheduler."""
+
+    def num_draft_slots(self, seq: Sequence) -> int:
+        """How many guessed tokens ``seq`` would like verified this step (0: none)."""
+        ...
+
+    def num_cacheable_tokens(self, seq: Sequence) -> int:
+        """Computed tokens whose K/V every model's cache holds: what may be cached or shared."""
+        ...
+
+
 @dataclass(slots=True)
 class ScheduledSequence:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # of which the last num_draft_tokens are slots for guessed tokens
     context_len: int  # tokens in the cache once this step has run (computed + new)
-    # Speculative decoding (chapter 10): the last ``num_speculative_tokens`` of the new tokens
-    # are draft proposals (``draft_token_ids``, filled in before the forward), not yet the
-    # sequence's own; the target verifies them and keeps those it agrees with.
-    num_speculative_tokens: int = 0
-    draft_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0  # draft slots (chapter 10), filled by the speculative decoder's guesses
 
     @property
     def samples(self) -> bool:
         """The chunk reaches the end of the sequence, so its last logits give the next token."""
-        return self.context_len - self.num_speculative_tokens == len(self.seq.token_ids)
+        return self.context_len - self.num_draft_tokens == len(self.seq.token_ids)
 
-    def input_token_ids(self) -> list[int]:
-        """The ``num_new_tokens`` tokens this step computes: the sequence's, then any drafts."""
-        start, tokens = self.context_len - self.num_new_tokens, self.seq.token_ids
-        if self.context_len <= len(tokens):
-            return tokens[start : self.context_len]
-        drafts = self.draft_token_ids[: self.context_len - len(tokens)]
-        return tokens[start:] + drafts if start <= len(tokens) else drafts[start - len(tokens) :]
+    def input(self, draft_token_ids: Seq[int] = ()) -> SequenceInput:
+        """This step's input of the sequence (chapter 05), with its guesses when it has slots."""
+        seq, start = self.seq, self.context_len - self.num_new_tokens
+        if len(draft_token_ids) != self.num_draft_tokens:
+            raise ValueError(
+                f"{seq.request_id}: {len(draft_token_ids)} guesses for {self.num_draft_tokens} draft slots"
+            )
+        own = seq.token_ids[start : self.context_len - self.num_draft_tokens]
+        return SequenceInput(own, start, seq.block_table.block_ids, self.samples, draft_token_ids)
 
 
 @dataclass(slots=True)
@@ -90,8 +123,8 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         max_model_len: int,
-        prefix_cache: RadixCache | None = None,
-        num_speculative_tokens: int = 0,
+        prefix_cache: PrefixCache | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
@@ -103,7 +136,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.prefix_cache = prefix_cache
-        self.num_speculative_tokens = num_speculative_tokens  # draft slots per decode (chapter 10)
+        self.speculation = speculation
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -154,7 +187,11 @@ class Scheduler:
             for seq in list(self.running):
                 if budget == 0:
                     break
-                if seq.is_prefilling != prefilling or id(seq) in scheduled_ids or seq.status is not SequenceStatus.RUNNING:
+                if (
+                    seq.is_prefilling != prefilling
+                    or id(seq) in scheduled_ids
+                    or seq.status is not SequenceStatus.RUNNING
+                ):
                     continue
                 n = min(seq.num_uncomputed_tokens, budget)
                 if self._reserve(seq, n, out, scheduled_ids):
@@ -172,46 +209,49 @@ class Scheduler:
                 # No room now: it keeps its place at the head of the queue, holding nothing, and
                 # nothing behind it overtakes it (first come, first served).
                 self._release_blocks(seq)
-                seq.num_computed_tokens = seq.num_blocks_offered = seq.draft_lag = 0
+                seq.reset_computed(0, self.block_size)
                 break
-            if not seq.was_admitted and self.prefix_cache is not None:
-                # Counted once per request, at its first admission (not again after a preemption,
-                # when it may even match blocks it cached itself).
-                seq.was_admitted = True
-                self.prefix_cache_query_tokens += seq.num_prompt_tokens
-                self.prefix_cache_hit_tokens += cache_hit
-                seq.num_cached_prompt_tokens = cache_hit
+            self._count_prefix_cache_hit(seq, cache_hit)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             schedule(seq, n)
 
-        # 4. Draft slots for speculative decoding (chapter 10), from what is left of the budget
-        # and of the free blocks: speculation never delays a prompt, evicts or preempts.
-        if self.num_speculative_tokens:
-            for item in out.scheduled:
-                if budget == 0:
-                    break
-                if item.num_new_tokens != 1 or not item.samples:
-                    continue  # decodes (and a prompt whose last chunk is its last token)
-                k = self._num_draft_slots(item.seq, budget)
-                if k and item.seq.block_table.ensure_capacity(self.pool, item.context_len + k):
-                    item.num_new_tokens += k
-                    item.context_len += k
-                    item.num_speculative_tokens = k
-                    budget -= k
+        # 4. Draft slots for guessed tokens (chapter 10), from what is left.
+        if self.speculation is not None:
+            self._add_draft_slots(out, budget)
         return out
 
-    def _num_draft_slots(self, seq: Sequence, budget: int) -> int:
-        """How many draft tokens a decoding ``seq`` may verify this step (chapter 10): at most
-        ``num_speculative_tokens``, within ``budget`` tokens, and never past ``max_tokens`` or the
-        context. Requests with penalties or logprobs
-        are not speculated: their distributions depend on tokens the draft has only proposed."""
-        params = seq.params
-        if not self.num_speculative_tokens or params.needs_penalties or params.logprobs is not None:
-            return 0
-        room = min(params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq.token_ids))
-        return max(0, min(self.num_speculative_tokens, budget, room))
+    def _add_draft_slots(self, out: SchedulerOutput, budget: int) -> None:
+        """Give decoding sequences slots for the guesses speculative decoding (chapter 10) wants,
+        from the ``budget`` and the free blocks left: a guess never delays a prompt, evicts or
+        preempts, and never reaches past ``max_tokens`` or the model's context."""
+        assert self.speculation is not None
+        for item in out.scheduled:
+            if budget == 0:
+                break
+            seq = item.seq
+            if item.num_new_tokens != 1 or not item.samples:
+                continue  # decodes only (and a prompt whose last chunk is its last token)
+            room = min(seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq.token_ids))
+            k = min(self.speculation.num_draft_slots(seq), budget, room)
+            if k > 0 and seq.block_table.ensure_capacity(self.pool, item.context_len + k):
+                item.num_new_tokens += k
+                item.context_len += k
+                item.num_draft_tokens = k
+                budget -= k
+
+    def _count_prefix_cache_hit(self, seq: Sequence, cache_hit: int) -> None:
+        """Prefix-cache statistics (chapter 08), counted once per request at its first admission
+        (not again after a preemption, when it may even match blocks it cached itself)."""
+        if not seq.was_admitted and self.prefix_cache is not None:
+            seq.was_admitted = True
+            self.prefix_cache_query_tokens += seq.num_prompt_tokens
+            self.prefix_cache_hit_tokens += cache_hit
+            seq.num_cached_prompt_tokens = cache_hit
+
+    def _num_cacheable_tokens(self, seq: Sequence) -> int:
+        return seq.num_computed_tokens if self.speculation is None else self.speculation.num_cacheable_tokens(seq)
 
     @staticmethod
     def _waits_for_parent(seq: Sequence) -> bool:
@@ -234,13 +274,13 @@ class Scheduler:
         limit = len(seq.token_ids) - 1
         cache_hit = 0
         if self.prefix_cache is not None:
-            match = self.prefix_cache.match_prefix(seq.token_ids[:limit])
-            if match.num_tokens:
-                self._adopt(seq, list(match.block_ids), match.num_tokens)
-                cache_hit = match.num_tokens
+            block_ids, num_tokens = self.prefix_cache.match_prefix(seq.token_ids[:limit])
+            if num_tokens:
+                self._adopt(seq, list(block_ids), num_tokens)
+                cache_hit = num_tokens
         parent = seq.parent
         if parent is not None and parent.status is SequenceStatus.RUNNING and seq.num_output_tokens == 0:
-            full = min(parent.num_computed_tokens - parent.draft_lag, limit) // self.block_size
+            full = min(self._num_cacheable_tokens(parent), limit) // self.block_size
             if full * self.block_size > seq.num_computed_tokens:
                 self._release_blocks(seq)
                 self._adopt(seq, parent.block_table.block_ids[:full], full * self.block_size)
@@ -250,16 +290,16 @@ class Scheduler:
     def _adopt(self, seq: Sequence, block_ids: list[int], num_tokens: int) -> None:
         self.pool.fork(block_ids)  # the sequence's own reference, so that eviction skips them
         seq.block_table.block_ids = block_ids
-        seq.num_computed_tokens = num_tokens
-        seq.num_blocks_offered = num_tokens // self.block_size  # already in the tree, or the parent's
-        seq.draft_lag = 0  # shared blocks hold the draft model's K/V too (see _cache_full_blocks)
+        seq.reset_computed(num_tokens, self.block_size)  # in the tree, or the parent's: both models' K/V
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Give ``seq`` blocks for ``num_tokens``, evicting cache-only blocks if that helps."""
         if seq.block_table.ensure_capacity(self.pool, num_tokens):
             return True
         if self.prefix_cache is not None:
-            missing = num_blocks_for(num_tokens, self.block_size) - len(seq.block_table.block_ids) - self.pool.num_free_blocks
+            missing = (
+                num_blocks_for(num_tokens, self.block_size) - len(seq.block_table.block_ids) - self.pool.num_free_blocks
+            )
             self.prefix_cache.evict(missing)
             return seq.block_table.ensure_capacity(self.pool, num_tokens)
         return False
@@ -282,7 +322,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._release_blocks(seq)
-        seq.num_computed_tokens = seq.num_blocks_offered = seq.draft_lag = 0
+        seq.reset_computed(0, self.block_size)
         seq.status = SequenceStatus.WAITING
         self.num_preemptions += 1
         # Back in arrival order at the front: it was admitted before anything still waiting.
@@ -292,30 +332,26 @@ class Scheduler:
         self.waiting.insert(index, seq)
 
     # ----------------------------------------------------------------- after the forward
-    def update(self, scheduled: list[ScheduledSequence], new_token_ids: Seq[int | list[int] | None]) -> None:
-        """Advance each scheduled sequence by what the step produced for it: one sampled token,
-        None (a prefill chunk that does not reach the end), or, when drafts were verified
-        (chapter 10), the list of accepted draft tokens followed by the target's own token."""
-        for item, produced in zip(scheduled, new_token_ids):
+    def update(self, scheduled: list[ScheduledSequence], kept: Seq[Seq[int]]) -> None:
+        """Advance each scheduled sequence by the tokens the step kept for it: none (a prompt chunk
+        short of the end), one sampled token, or, with guesses (chapter 10), the accepted ones and
+        one more; fewer when a stop cut them (the engine finds stops before this)."""
+        for item, tokens in zip(scheduled, kept, strict=True):
             seq = item.seq
-            tokens = [] if produced is None else [produced] if isinstance(produced, int) else produced
-            # Every input but the rejected drafts now has its K/V: the last new token never does.
-            rejected = item.num_speculative_tokens - max(len(tokens) - 1, 0)
-            seq.num_computed_tokens = item.context_len - rejected
             seq.token_ids.extend(tokens)
-            if item.num_speculative_tokens:
+            # Every input now in token_ids has its K/V (rejected guesses are past the end); the
+            # last token never has.
+            seq.num_computed_tokens = len(seq.token_ids) - 1 if tokens else item.context_len
+            if item.num_draft_tokens:
                 seq.block_table.shrink(self.pool, len(seq.token_ids))
             self._cache_full_blocks(seq)
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
-        """Offer the sequence's completely computed blocks to the prefix cache.
-
-        With a draft model (chapter 10) a block is offered only once the draft's K/V of it is
-        written too (``draft_lag``), so whoever reuses it finds both models' caches filled.
-        """
+        """Offer the sequence's completely computed blocks to the prefix cache: only blocks every
+        model's cache holds (with a draft model, chapter 10, that can be one token less)."""
         if self.prefix_cache is None:
             return
-        full = (seq.num_computed_tokens - seq.draft_lag) // self.block_size
+        full = self._num_cacheable_tokens(seq) // self.block_size
         if full > seq.num_blocks_offered:  # only when a block has just been completed
             tokens = seq.token_ids[: full * self.block_size]
             newly_cached = self.prefix_cache.insert(tokens, seq.block_table.block_ids[:full])
@@ -337,7 +373,7 @@ class Scheduler:
         """
         assert self.prefix_cache is not None
         table = seq.block_table.block_ids
-        for i, cached in enumerate(self.prefix_cache.match_prefix(tokens).block_ids):
+        for i, cached in enumerate(self.prefix_cache.match_prefix(tokens)[0]):
             if table[i] != cached:
                 self.pool.fork([cached])
                 self.pool.free([table[i]])
@@ -364,12 +400,13 @@ class Scheduler:
         refs: dict[int, int] = {}
         for seq in self.running:
             assert seq.status is SequenceStatus.RUNNING, f"{seq.request_id} in running with status {seq.status}"
+            assert seq.num_computed_tokens <= len(seq.token_ids), f"{seq.request_id} computed more than it has"
             assert len(seq.block_table.block_ids) >= num_blocks_for(seq.num_computed_tokens, self.block_size)
             for block in seq.block_table.block_ids:
                 refs[block] = refs.get(block, 0) + 1
         for seq in self.waiting:
             assert not seq.block_table.block_ids, f"waiting sequence {seq.request_id} holds blocks"
-        cached = set() if self.prefix_cache is None else {b for node in self.prefix_cache.nodes() for b in node.block_ids}
+        cached = set() if self.prefix_cache is None else self.prefix_cache.cached_block_ids()
         for block in range(self.pool.num_blocks):
             expected = refs.get(block, 0) + (1 if block in cached else 0)
             assert self.pool.ref_count(block) == expected, (

@@ -8,10 +8,12 @@ says where. Its status moves
        ^                     |
        +------preempt--------+   (blocks freed, K/V recomputed when it runs again)
 
-Invariant: ``num_computed_tokens <= len(token_ids)``; the tokens still to compute are
-``token_ids[num_computed_tokens:]`` (the whole prompt at first, then one new token per decode
-step). Preemption keeps ``token_ids`` (nothing generated is lost) and resets
-``num_computed_tokens`` to 0, so the recompute sees prompt and output as one longer prompt.
+Invariant: ``num_computed_tokens <= len(token_ids)``, always (the engine finds stops before
+the scheduler appends tokens, so a token cut by a stop never enters ``token_ids``); the tokens
+still to compute are ``token_ids[num_computed_tokens:]`` (the whole prompt at first, then one new
+token per decode step). Preemption keeps ``token_ids`` (nothing generated is lost) and resets
+what is computed to nothing (``reset_computed``), so the recompute sees prompt and output as one
+longer prompt.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mini_infer.kv.block_pool import BlockTable
-from mini_infer.sampling import SamplingParams
+from mini_infer.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -42,8 +44,8 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache (chapter 08)
     num_blocks_offered: int = 0  # leading full blocks already offered to the prefix cache
-    # Speculative decoding (chapter 10): computed tokens whose K/V the draft model does not have
-    # yet (0, or 1 after a step that accepted every draft token). Reset with num_computed_tokens.
+    # Speculative decoding (chapter 10): computed tokens whose K/V the draft model's cache lacks
+    # (0, or 1 after a step that kept every guess). Set by the speculative decoder alone.
     draft_lag: int = 0
     was_admitted: bool = False  # has run at least once (prefix-cache statistics count the first time)
     block_table: BlockTable = field(default_factory=BlockTable)
@@ -80,3 +82,10 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def reset_computed(self, num_tokens: int, block_size: int) -> None:
+        """The pools now hold the K/V of the first ``num_tokens`` tokens, in every model's cache
+        (0 after a preemption; a shared prefix at admission, whose blocks are already cached)."""
+        self.num_computed_tokens = num_tokens
+        self.num_blocks_offered = num_tokens // block_size
+        self.draft_lag = 0

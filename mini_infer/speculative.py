@@ -1,4 +1,4 @@
-"""Speculative decoding: a small draft model proposes, the target model verifies (chapter 10).
+"""Speculative decoding: a small draft model guesses, the target model verifies (chapter 10).
 
 A decode step of a large model reads all its weights to produce one token per sequence. If a
 small *draft* model (Qwen2.5-0.5B for the 1.5B, ``tiny-draft`` for ``tiny``) guesses the next
@@ -9,64 +9,59 @@ guess it agrees with. One target step then yields between 1 and ``k + 1`` tokens
 Which guesses to keep is decided by *rejection sampling* (Leviathan et al., Chen et al., 2023),
 so that the tokens come out exactly as if the target had sampled them one by one. With ``p`` the
 target's distribution at a position and ``q`` the draft's (both after temperature, top-k, top-p
-and min-p, the ``sampling.probs_from_logits`` of the request), a draft token ``x`` is accepted
-with probability ``min(1, p(x) / q(x))``; at the first rejection the token is drawn instead from
-the residual ``max(0, p - q)`` (renormalised), and if all ``k`` are accepted a bonus token is
-drawn from the target's last row. Greedy requests are the limit case: ``p`` and ``q`` are one-hot,
-a guess is kept exactly when it equals the target's argmax, and the output equals plain greedy
-decoding token for token.
+and min-p, the ``sampling.probs_from_logits`` of the request), a guess ``x`` is accepted with
+probability ``min(1, p(x) / q(x))``; at the first rejection the token is drawn instead from the
+residual ``max(0, p - q)`` (renormalised), and if all ``k`` are accepted a bonus token is drawn
+from the target's last row. Greedy requests are the limit case: ``p`` and ``q`` are one-hot, a
+guess is kept exactly when it equals the target's argmax (``greedy.accepted_prefix``), and the
+output equals plain greedy decoding token for token.
 
-How it sits in the engine (``LLMEngine.step``):
+Everything of it lives here, in ``SpeculativeDecoder``, which plays three parts of the engine:
 
-1. The scheduler gives each decoding sequence ``1 + k_i`` new tokens, with KV slots for the
-   ``k_i`` drafts taken only from free blocks (``Scheduler._num_draft_slots``: at most
-   ``num_speculative_tokens``, inside the token budget, never past ``max_tokens``; requests with
-   penalties or logprobs are not speculated).
-2. ``SpeculativeDecoder.propose`` runs the draft: a first pass over every scheduled sequence
-   (prefill chunks too, so the draft's cache keeps up with the prompt), then ``k - 1`` decode
-   passes, one proposal each.
-3. The target runs the step as usual; its logits hold ``1 + k_i`` rows per speculating sequence.
-4. ``SpeculativeDecoder.verify`` keeps the accepted prefix of each draft plus one token.
+1. ``Speculation`` for the scheduler (chapter 06): ``num_draft_slots`` (``k``, or 0 for requests
+   with penalties or logprobs, whose distributions would depend on unconfirmed tokens) and
+   ``num_cacheable_tokens``. The scheduler hands out draft slots last, from the budget and the
+   free blocks left, never past ``max_tokens``.
+2. ``Drafter`` for the engine: ``propose`` runs the draft, a first pass over every scheduled
+   sequence (prefill chunks too, so that the draft's cache keeps up with the prompt), then
+   ``k - 1`` passes, one guess each. Each pass is a ``ForwardBatch`` of the draft's own, from the
+   same builder (chapter 05); a draft with a smaller padded vocabulary than the target reads the
+   target's padding ids as id 0, mapped where its inputs are made.
+3. The ``TokenSampler``: ``sample`` verifies every sequence's guesses in one pass over the
+   target's logit rows (plain sampling is the case ``k = 0``), with one host sync.
 
 The draft keeps its own ``PagedKVCache`` with the same number of blocks, addressed by the *same*
 block tables: a block id means the same positions in both pools, so the scheduler's blocks,
-preemption and prefix cache serve both models, and throwing away rejected drafts is only a
+preemption and prefix cache serve both models, and throwing away rejected guesses is only a
 shorter sequence (their K/V, in both pools, sits past the sequence's length and is overwritten
-later). The draft lags the target by one token after a step that accepted everything (the last
-draft token was never fed to the draft); ``Sequence.draft_lag`` records it, the next first pass
-feeds that token too, and the prefix cache takes a block only when both pools hold it.
+later). After a step that kept every guess the draft is one token behind (its last guess was
+never fed to it): ``Sequence.draft_lag`` records it, the next first pass feeds that token too,
+and the prefix cache takes a block only when both pools hold it.
 
 Randomness: a seeded request draws its uniforms and exponentials from its own generator, a fixed
-number per verified position, so its tokens do not depend on the batch; they do depend on how
-many drafts it was given each step (the token budget and free blocks decide that).
-The draft's proposals come back to the host after each of its passes (the next pass's inputs
-are built in Python): ``k`` host syncs a step, on top of the verification's one.
+number per verified row, so its tokens do not depend on the batch; they do depend on how many
+guesses it was given each step (the token budget and free blocks decide that). The draft's
+guesses come back to the host after each of its passes (the next pass's inputs are built in
+Python): ``k`` host syncs a step, on top of the target's one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mini_infer.sampling import Sampler, SamplingParams, _exponential_race, argmax_rows, probs_from_logits
-from mini_infer.scheduler import ScheduledSequence
-
-if TYPE_CHECKING:
-    from mini_infer.model_runner import ModelRunner, StepResult
-
-
-def verify_greedy(target_argmax: list[int], draft_token_ids: list[int]) -> list[int]:
-    """Greedy verification of one sequence: the drafts up to the first disagreement, then the
-    target's own token there (or its bonus token after the last draft).
-    ``target_argmax`` has ``len(draft_token_ids) + 1`` entries."""
-    n = 0
-    while n < len(draft_token_ids) and draft_token_ids[n] == target_argmax[n]:
-        n += 1
-    return draft_token_ids[:n] + [target_argmax[n]]
+from mini_infer.config import ModelConfig
+from mini_infer.engine import Proposal
+from mini_infer.greedy import SampledTokens, argmax_rows
+from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
+from mini_infer.sampling import Sampler, SamplerOutput, exponential_race, per_sequence, probs_from_logits
+from mini_infer.scheduler import SchedulerOutput
+from mini_infer.sequence import Sequence as Seq
+from mini_infer.tokenizer import Tokenizer
 
 
 def rejection_sample(
@@ -94,34 +89,33 @@ def rejection_sample(
     # token is then drawn from p itself, which is what the residual is there to approximate.
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     residual = torch.where(empty, target_probs, residual)
-    return accepted, _exponential_race(residual, exponentials)
+    return accepted, exponential_race(residual, exponentials)
 
 
-def accepted_prefix(accepted: list[bool], recovered: list[int], draft_token_ids: list[int]) -> list[int]:
-    """One sequence's tokens from its verified rows: drafts up to the first rejection, then the
-    recovered token of that row (the bonus row's when none is rejected)."""
-    n = 0
-    while n < len(draft_token_ids) and accepted[n]:
-        n += 1
-    return draft_token_ids[:n] + [recovered[n]]
+def check_draft_vocabulary(
+    draft: str, draft_dir: Path, target: str, target_config: ModelConfig, tokenizer: Tokenizer
+) -> None:
+    """Token ids must mean the same in both models. Equal vocabulary sizes are taken on trust (as
+    vLLM does); different ones are fine when only the padding differs, that is when both
+    tokenizers are the same (Qwen2.5-0.5B drafting for Qwen2.5-7B)."""
+    vocab = ModelConfig.from_model_dir(draft_dir).vocab_size
+    if vocab != target_config.vocab_size and Tokenizer(draft_dir).hf.get_vocab() != tokenizer.hf.get_vocab():
+        raise ValueError(
+            f"draft_model {draft!r} has a vocabulary of {vocab} tokens and another tokenizer than the target "
+            f"{target!r} ({target_config.vocab_size} tokens); a draft must share the target's tokenizer (for example "
+            "Qwen2.5-0.5B-Instruct for Qwen2.5-1.5B-Instruct, tiny-draft for tiny)"
+        )
 
 
-@dataclass(slots=True)
-class Proposal:
-    """What ``propose`` hands to ``verify``: the speculating items (their ``draft_token_ids``
-    filled in) and the distributions the drafts were drawn from."""
+class SpeculativeDecoder(Sampler):
+    """The draft model inside the engine's step, and the sampler that verifies it (see above)."""
 
-    items: list[ScheduledSequence] = field(default_factory=list)
-    # [sum over items of (k_i + 1), V] float32, laid out like the target's verified rows; None
-    # when every item is greedy (then the drafts alone decide).
-    draft_probs: Tensor | None = None
-
-
-class SpeculativeDecoder:
-    """Runs the draft model inside the engine's step; see the module docstring."""
-
-    def __init__(self, draft_runner: ModelRunner, vocab_size: int) -> None:
+    def __init__(
+        self, draft_runner: ModelRunner, num_speculative_tokens: int, vocab_size: int, seed: int | None = None
+    ) -> None:
+        super().__init__(seed)
         self.runner = draft_runner
+        self.num_speculative_tokens = num_speculative_tokens
         # The target's vocabulary size. Checkpoints of one tokenizer may pad it differently
         # (Qwen2.5-0.5B has 151,936 rows, Qwen2.5-7B 152,064): the draft's distributions are
         # cut or zero-padded to the target's width, ids past the tokenizer being padding.
@@ -129,137 +123,133 @@ class SpeculativeDecoder:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
 
-    # ----------------------------------------------------------------- the draft's passes
-    def propose(self, scheduled: list[ScheduledSequence], default_generator: torch.Generator) -> Proposal:
-        """Run the draft model: fill ``draft_token_ids`` of every speculating item."""
-        items = [s for s in scheduled if s.num_speculative_tokens]
-        proposal = Proposal(items)
-        # Pass 1: every scheduled sequence, so that the draft's cache holds what the target's
-        # will hold after this step (its own tokens; a lagging token too).
-        catch_up = []
-        for s in scheduled:
-            end = s.context_len - s.num_speculative_tokens
-            catch_up.append(ScheduledSequence(s.seq, end - (s.seq.num_computed_tokens - s.seq.draft_lag), end))
-        result = self.runner.execute(catch_up, last_position_only=True)
-        if not items:
-            return proposal
-        logits = result.logits_at([result.rows_of[i][0] for i, s in enumerate(scheduled) if s.num_speculative_tokens])
-        greedy = all(s.seq.params.greedy for s in items)
-        probs_per_pass = []
-        active = items
-        for j in range(1, max(s.num_speculative_tokens for s in items) + 1):
-            if j > 1:
-                # Pass j: each sequence that still wants a draft feeds its previous one.
-                active = [s for s in active if s.num_speculative_tokens >= j]
-                drafting = [
-                    ScheduledSequence(s.seq, 1, len(s.seq.token_ids) + j - 1, j - 1, s.draft_token_ids) for s in active
-                ]
-                logits = self.runner.execute(drafting, last_position_only=True).logits
-            tokens, probs = self._draw(logits, active, default_generator, greedy)
-            for s, token in zip(active, tokens.tolist()):
-                s.draft_token_ids.append(token)
-            probs_per_pass.append((active, probs))
-        if not greedy:
-            proposal.draft_probs = self._by_item(items, probs_per_pass)
-        return proposal
+    # ----------------------------------------------------------------- what the scheduler asks
+    def num_draft_slots(self, seq: Seq) -> int:
+        params = seq.params
+        return 0 if params.needs_penalties or params.logprobs is not None else self.num_speculative_tokens
 
-    def _draw(
-        self, logits: Tensor, items: list[ScheduledSequence], default_generator: torch.Generator, greedy: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        """One proposal per row, and the distribution it was drawn from (None when all greedy)."""
+    def num_cacheable_tokens(self, seq: Seq) -> int:
+        return seq.num_computed_tokens - seq.draft_lag
+
+    # ----------------------------------------------------------------- the draft's passes
+    def propose(self, schedule: SchedulerOutput) -> Proposal:
+        """Run the draft model: as many guesses for each scheduled sequence as its draft slots."""
+        items = schedule.scheduled
+        guesses: list[list[int]] = [[] for _ in items]
+        # Pass 1: every scheduled sequence, so that the draft's cache holds what the target's
+        # will hold after this step (its own tokens, a lagging one too); logits for those that guess.
+        catch_up = []
+        for item in items:
+            seq, start = item.seq, item.seq.num_computed_tokens - item.seq.draft_lag
+            own = seq.token_ids[start : item.context_len - item.num_draft_tokens]
+            catch_up.append(self._input(seq, own, start, samples=item.num_draft_tokens > 0))
+        logits = self._forward(catch_up)
+        active = [i for i, item in enumerate(items) if item.num_draft_tokens]
+        if not active:
+            return Proposal(guesses)
+        greedy = all(items[i].seq.params.greedy for i in active)
+        probs_per_pass: list[tuple[list[int], Tensor | None]] = []
+        for j in range(max(items[i].num_draft_tokens for i in active)):
+            if j:  # pass j + 1: each sequence that wants another guess feeds its previous one
+                active = [i for i in active if items[i].num_draft_tokens > j]
+                logits = self._forward(
+                    [self._input(items[i].seq, guesses[i][-1:], len(items[i].seq.token_ids) + j - 1) for i in active]
+                )
+            tokens, probs = self._draw(logits, [items[i].seq for i in active], greedy)
+            for i, token in zip(active, tokens):
+                guesses[i].append(token)
+            probs_per_pass.append((active, probs))
+        return Proposal(guesses, None if greedy else self._by_row(schedule, probs_per_pass))
+
+    def _input(self, seq: Seq, token_ids: Sequence[int], start: int, samples: bool = True) -> SequenceInput:
+        # Ids past a smaller draft vocabulary are the target's padding: fed as 0, they only make
+        # the draft's guesses worse, never the output.
+        vocab = self.runner.model.config.vocab_size
+        return SequenceInput([t if t < vocab else 0 for t in token_ids], start, seq.block_table.block_ids, samples)
+
+    def _forward(self, inputs: list[SequenceInput]) -> Tensor:
+        """One pass of the draft: its own ForwardBatch (chapter 05), its logit rows."""
+        return self.runner.execute(self.runner.prepare(inputs))
+
+    def _draw(self, logits: Tensor, seqs: list[Seq], greedy: bool) -> tuple[list[int], Tensor | None]:
+        """One guess per row (a host sync), and the distribution it was drawn from (None when all greedy)."""
         if logits.shape[1] > self.vocab_size:
-            logits = logits[:, : self.vocab_size].contiguous()  # never propose an id the target lacks
+            logits = logits[:, : self.vocab_size].contiguous()  # never guess an id the target lacks
         if greedy:
-            return argmax_rows(logits), None
-        params = [s.seq.params for s in items]
+            return argmax_rows(logits).tolist(), None
+        params = [s.params for s in seqs]
         probs = probs_from_logits(logits.to(torch.float32), params)
-        gens = [s.seq.generator for s in items]
-        # The sampler's own draws (chapter 09): a seeded row takes a fresh [V] from its generator.
-        exponentials = Sampler._exponentials(probs.shape, params, gens, default_generator, probs.device)
-        tokens = _exponential_race(probs, exponentials)
+        device = probs.device
+        exponentials = self.exponentials(
+            probs.shape, params, [s.generator for s in seqs], self.generator_for(device), device
+        )
+        tokens = exponential_race(probs, exponentials).tolist()
         return tokens, F.pad(probs, (0, self.vocab_size - probs.shape[1]))  # q = 0 where the draft has no row
 
     @staticmethod
-    def _by_item(items: list[ScheduledSequence], probs_per_pass: list[tuple[list[ScheduledSequence], Tensor | None]]) -> Tensor:
-        """The draft's distributions laid out like the target's verified rows, item by item,
-        with an all-zero row at each item's bonus position."""
-        offsets, total = {}, 0
-        for s in items:
-            offsets[id(s)] = total
-            total += s.num_speculative_tokens + 1
+    def _by_row(schedule: SchedulerOutput, probs_per_pass: list[tuple[list[int], Tensor | None]]) -> Tensor:
+        """The draft's distributions laid out like the target's logit rows (``1 + k`` per sampling
+        sequence, in schedule order), zero at each bonus row."""
+        offsets, total = [], 0
+        for item in schedule.scheduled:
+            offsets.append(total)
+            total += 1 + item.num_draft_tokens if item.samples else 0
         first = probs_per_pass[0][1]
         assert first is not None
         out = torch.zeros(total, first.shape[1], dtype=torch.float32, device=first.device)
         for j, (active, probs) in enumerate(probs_per_pass):
             assert probs is not None
-            index = torch.tensor([offsets[id(s)] + j for s in active], device=first.device)
-            out.index_copy_(0, index, probs)
+            out.index_copy_(0, torch.tensor([offsets[i] + j for i in active], device=first.device), probs)
         return out
 
     # ----------------------------------------------------------------- the target's verdict
-    def verify(
-        self, proposal: Proposal, result: StepResult, scheduled: list[ScheduledSequence], default_generator: torch.Generator
-    ) -> dict[int, list[int]]:
-        """Tokens for each speculating item (by its index in ``scheduled``): the accepted drafts
-        and one more. Updates each sequence's ``draft_lag`` and the acceptance counters (which
-        count the target's verdicts, also on drafts that a stop string or token then cuts off)."""
-        index_of = {id(s): i for i, s in enumerate(scheduled)}
-        rows = [r for s in proposal.items for r in result.rows_of[index_of[id(s)]]]
-        if not rows:
-            return {}
-        logits = result.logits_at(rows)
-        drafts = [s.draft_token_ids for s in proposal.items]
-        if proposal.draft_probs is None:
-            argmax = argmax_rows(logits).tolist()  # the verification's host sync
-            produced, start = [], 0
-            for d in drafts:
-                produced.append(verify_greedy(argmax[start : start + len(d) + 1], d))
-                start += len(d) + 1
+    def sample(
+        self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: Tensor | None = None
+    ) -> list[SampledTokens]:
+        """The tokens each sequence keeps: its accepted guesses and one more. Updates every
+        scheduled sequence's ``draft_lag`` and the acceptance counters (which count the target's
+        verdicts, also on guesses that a stop then cuts off)."""
+        if draft_probs is None:  # greedy guesses: kept while they equal the target's argmax
+            sampled = super().sample(logits, batch, seqs)
         else:
-            produced = self._verify_sampled(logits, proposal, default_generator)
-        out = {}
-        for s, tokens in zip(proposal.items, produced):
-            accepted = len(tokens) - 1
-            self.num_draft_tokens += s.num_speculative_tokens
-            self.num_accepted_tokens += accepted
-            # The draft was never fed its last proposal: after a full acceptance it lags by one.
-            s.seq.draft_lag = 1 if accepted == s.num_speculative_tokens else 0
-            out[index_of[id(s)]] = tokens
-        return out
+            sampled = per_sequence(self._verify_sampled(logits, batch, seqs, draft_probs).to_host(), batch)
+        for seq, guesses, kept in zip(seqs, batch.draft_token_ids, sampled):
+            accepted = len(kept.token_ids) - 1
+            self.num_draft_tokens += len(guesses)
+            self.num_accepted_tokens += max(accepted, 0)
+            # The first pass fed the draft everything the target computed, except that the draft
+            # never sees its own last guess: after keeping them all it is one token behind.
+            seq.draft_lag = 1 if guesses and accepted == len(guesses) else 0
+        return sampled
 
-    def _verify_sampled(self, logits: Tensor, proposal: Proposal, default_generator: torch.Generator) -> list[list[int]]:
-        assert proposal.draft_probs is not None
-        items = proposal.items
-        params = [s.seq.params for s in items for _ in range(s.num_speculative_tokens + 1)]
-        gens = [s.seq.generator for s in items for _ in range(s.num_speculative_tokens + 1)]
+    def _verify_sampled(
+        self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: Tensor
+    ) -> SamplerOutput:
+        """Rejection sampling over every logit row; rows without a guess draw from ``p``."""
+        params, generators, prompts, outputs = self.row_arguments(batch, seqs)
+        logits = self.penalise(logits.to(torch.float32), params, prompts, outputs)
+        probs = probs_from_logits(logits, params)
         device = logits.device
-        target_probs = probs_from_logits(logits.to(torch.float32), params)
-        draft_ids = torch.tensor([t for s in items for t in s.draft_token_ids + [0]], device=device)
-        uniforms = self._uniforms(items, default_generator, device)
-        exponentials = Sampler._exponentials(target_probs.shape, params, gens, default_generator, device)
-        accepted, recovered = rejection_sample(target_probs, proposal.draft_probs, draft_ids, uniforms, exponentials)
-        flat = torch.stack([accepted.long(), recovered]).tolist()  # the verification's host sync
-        produced, start = [], 0
-        for s in items:
-            end = start + s.num_speculative_tokens + 1
-            produced.append(accepted_prefix([bool(a) for a in flat[0][start:end]], flat[1][start:end], s.draft_token_ids))
-            start = end
-        return produced
+        guesses = torch.tensor(
+            [t for rows, g in zip(batch.rows_of, batch.draft_token_ids) if rows for t in (*g, 0)], device=device
+        )
+        uniforms = self._uniforms(batch, seqs, device)
+        exponentials = self.exponentials(probs.shape, params, generators, self.generator_for(device), device)
+        accepted, recovered = rejection_sample(probs, draft_probs, guesses, uniforms, exponentials)
+        output = SamplerOutput(recovered, num_logprobs=[p.logprobs for p in params], accepted=accepted)
+        return self.with_logprobs(output, logits, params)
 
-    @staticmethod
-    def _uniforms(items: list[ScheduledSequence], default_generator: torch.Generator, device: torch.device) -> Tensor:
-        """One uniform per verified row: a seeded request's from its own generator (``k + 1``
-        draws, whatever the batch), the others' from one shared draw. Greedy rows need none:
-        their ratio is exactly 0 or 1, so any value in (0, 1) decides the same."""
-        total = sum(s.num_speculative_tokens + 1 for s in items)
-        uniforms = torch.rand(total, device=device, generator=default_generator)
-        start = 0
-        for s in items:
-            n = s.num_speculative_tokens + 1
-            params: SamplingParams = s.seq.params
-            if params.greedy:
-                uniforms[start : start + n] = 0.5
-            elif s.seq.generator is not None:
-                uniforms[start : start + n] = torch.rand(n, device=device, generator=s.seq.generator)
-            start += n
+    def _uniforms(self, batch: ForwardBatch, seqs: list[Seq], device: torch.device) -> Tensor:
+        """One uniform per logit row: a seeded request's guesses from its own generator (``k``
+        draws, whatever the batch), the others' from one shared draw. Greedy rows need none: their
+        ratio is exactly 0 or 1, so any value in (0, 1) decides the same; bonus rows are never
+        accepted."""
+        uniforms = torch.rand(batch.num_logits, device=device, generator=self.generator_for(device))
+        for seq, rows, guesses in zip(seqs, batch.rows_of, batch.draft_token_ids):
+            if rows and seq.params.greedy:
+                uniforms[rows.start : rows.stop] = 0.5
+            elif guesses and seq.generator is not None:
+                uniforms[rows.start : rows.start + len(guesses)] = torch.rand(
+                    len(guesses), device=device, generator=seq.generator
+                )
         return uniforms

@@ -28,6 +28,7 @@ class Tokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         from transformers import AutoTokenizer
 
+        self.model_dir = Path(model_dir)
         self.hf = AutoTokenizer.from_pretrained(str(model_dir))
         self.eos_token_id: int | None = self.hf.eos_token_id
 
@@ -47,13 +48,20 @@ class Tokenizer:
         return bool(getattr(self.hf, "chat_template", None))
 
     def apply_chat_template(
-        self, messages: Sequence[Message], *, tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; use generate() with a plain prompt instead")
         return str(
             self.hf.apply_chat_template(
-                list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=add_generation_prompt
+                list(messages),
+                tools=list(tools) if tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
             )
         )
 
@@ -91,7 +99,9 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """At the end of a stream: whatever is left, incomplete characters included."""
-        prefix_text = self.tokenizer.decode(self.token_ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
+        prefix_text = self.tokenizer.decode(
+            self.token_ids[self.prefix_offset : self.read_offset], self.skip_special_tokens
+        )
         full_text = self.tokenizer.decode(self.token_ids[self.prefix_offset :], self.skip_special_tokens)
         piece = full_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset = len(self.token_ids)

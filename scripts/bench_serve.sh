@@ -10,7 +10,7 @@
 #      RATES, past the server's capacity up to `inf` (everything at once): sweep.json, sweep.png;
 #   3. on a model of PREFIX_SHAPE (default qwen2.5-0.5b: big enough that prefill, not HTTP,
 #      dominates a request), runs the shared-prefix dataset with the prefix cache on
-#      (prefix_on.json), then restarts the server with --no-prefix-caching and sends the same
+#      (prefix_on.json), then restarts the server with --no-enable-prefix-caching and sends the same
 #      requests (prefix_off.json);
 #   4. `servebench compare` of the two: prefix_compare.png, and the TTFT ratio off / on.
 # Everything it prints is also in OUT_DIR/report.txt.
@@ -93,7 +93,7 @@ servebench --dataset shared-prefix $PREFIX --json "$OUT/prefix_on.json" >/dev/nu
 stop_server
 
 echo "== the same requests, prefix cache off"
-start_server "$MODEL" --no-prefix-caching
+start_server "$MODEL" --no-enable-prefix-caching
 # shellcheck disable=SC2086
 servebench --dataset shared-prefix $PREFIX --json "$OUT/prefix_off.json" >/dev/null
 stop_server

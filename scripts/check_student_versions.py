@@ -70,9 +70,7 @@ def check_notebook(path: Path, *, timeout: int, jobs: int) -> list[str]:
         student_run, instructor_run = student_future.result(), instructor_future.result()
 
     problems: list[str] = []
-    print(
-        f"{path.name}: student run {student_run.seconds:.1f} s, instructor run {instructor_run.seconds:.1f} s"
-    )
+    print(f"{path.name}: student run {student_run.seconds:.1f} s, instructor run {instructor_run.seconds:.1f} s")
     student_graded = {nbgrader_metadata(c)["grade_id"]: c for _, c in graded_cells(student_run.nb)}
     for index, cell in graded_cells(instructor_run.nb):
         meta = nbgrader_metadata(cell)
@@ -83,16 +81,10 @@ def check_notebook(path: Path, *, timeout: int, jobs: int) -> list[str]:
         ok_instructor = instructor_error is None
         ok_student = student_error is not None
         instructor_result = "passes" if instructor_error is None else f"FAILS: {instructor_error}"
-        student_result = (
-            f"fails ({student_error})" if student_error is not None else "PASSES without a solution"
-        )
-        print(
-            f"  cell {index:>3} {grade_id} ({points} pt): instructor {instructor_result}; student {student_result}"
-        )
+        student_result = f"fails ({student_error})" if student_error is not None else "PASSES without a solution"
+        print(f"  cell {index:>3} {grade_id} ({points} pt): instructor {instructor_result}; student {student_result}")
         if not ok_instructor:
-            problems.append(
-                f"{path.name}: graded cell {grade_id} fails on the instructor version: {instructor_error}"
-            )
+            problems.append(f"{path.name}: graded cell {grade_id} fails on the instructor version: {instructor_error}")
         if not ok_student:
             problems.append(f"{path.name}: graded cell {grade_id} passes on the student version")
 

@@ -211,9 +211,7 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, default=MODELS_DIR / "tiny")
     parser.add_argument("--draft", type=Path, default=MODELS_DIR / "tiny-draft")
     parser.add_argument("--no-draft", action="store_true", help="evaluate the target alone")

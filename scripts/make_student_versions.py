@@ -91,9 +91,7 @@ def student_version(nb: NotebookNode) -> NotebookNode:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="notebooks or folders (default: notebooks/)")
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "student", help="output folder (default: student/)"
-    )
+    parser.add_argument("--out", type=Path, default=ROOT / "student", help="output folder (default: student/)")
     args = parser.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)

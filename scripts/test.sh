@@ -8,7 +8,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 step() { printf '\n=== %s\n' "$*"; }
-step "ruff";            ruff check mini_infer tests scripts
+step "ruff";            ruff check mini_infer tests scripts && ruff format --check mini_infer tests scripts
 step "mypy";            mypy
 step "pytest";          pytest tests -q
 step "notebooks";       pytest --nbval-lax --nbval-current-env notebooks/ -q -p no:cacheprovider

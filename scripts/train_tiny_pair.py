@@ -110,9 +110,7 @@ def encode_corpus(tokenizer: Any, conversations: list[list[tiny_corpus.Message]]
         chunk = conversations[chunk_start : chunk_start + ENCODE_CHUNK]
         texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in chunk]
         encoded = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=False)
-        for text, messages, ids, offsets in zip(
-            texts, chunk, encoded["input_ids"], encoded["offset_mapping"]
-        ):
+        for text, messages, ids, offsets in zip(texts, chunk, encoded["input_ids"], encoded["offset_mapping"]):
             spans = assistant_spans(text, messages)
             labels = [
                 token if any(s <= begin and end <= e for s, e in spans) else IGNORE
@@ -138,9 +136,7 @@ def length_grouped_batches(
         window = 50 * batch_size
         for w in range(0, len(order) - batch_size + 1, window):
             chunk = sorted(order[w : w + window], key=lengths.__getitem__)
-            batches.extend(
-                chunk[i : i + batch_size] for i in range(0, len(chunk) - batch_size + 1, batch_size)
-            )
+            batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk) - batch_size + 1, batch_size))
     batches = batches[:num_batches]
     rng.shuffle(batches)
     return batches
@@ -415,9 +411,7 @@ def model_card(role: str, info: dict[str, Any], results: dict[str, Any], eval_mo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=MODELS_DIR, help="writes OUT/tiny and OUT/tiny-draft")
     parser.add_argument("--target-steps", type=int, default=2400)
@@ -429,9 +423,7 @@ def main(argv: list[str] | None = None) -> None:
         "--seed and --*-steps as the run that wrote it)",
     )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--skip-eval", action="store_true", help="no evaluation and no evaluation in the cards"
-    )
+    parser.add_argument("--skip-eval", action="store_true", help="no evaluation and no evaluation in the cards")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 

@@ -13,10 +13,15 @@ from mini_infer.outputs import RequestOutput
 from mini_infer.sampling import SamplingParams
 
 
-def run_checked(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
-    """Submit everything, step to the end, check the scheduler's (and the prefix cache's) block
-    invariants after every step; the finished outputs in submission order."""
-    ids = [engine.add_request(p, params) for p in prompts]
+def run_checked(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+) -> list[RequestOutput]:
+    """Submit everything, step to the end, and after every step check the scheduler's (and the
+    prefix cache's) block invariants and that no sequence, finished ones included, counts more
+    computed tokens than it has; the finished outputs in submission order."""
+    params_list = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+    seqs = [engine.outputs.requests[i].seq for i in ids]
     finals = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -25,6 +30,9 @@ def run_checked(engine: LLMEngine, prompts: list[list[int]], params: SamplingPar
         engine.scheduler.check_invariants()
         if engine.prefix_cache is not None:
             engine.prefix_cache.check_invariants()
+        for seq in seqs:
+            assert 0 <= seq.num_computed_tokens <= len(seq.token_ids), (seq.request_id, seq.num_computed_tokens)
+            assert seq.num_output_tokens <= seq.params.max_tokens
     return [finals[i] for i in ids]
 
 
@@ -47,7 +55,12 @@ def transformers_greedy(model_dir: str | Path, prompts: list[list[int]], max_new
     for prompt in prompts:
         ids = torch.tensor([prompt])
         out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=None
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=None,
         )
         expected.append(out[0, len(prompt) :].tolist())
     return expected

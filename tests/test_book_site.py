@@ -106,9 +106,7 @@ class Dom(HTMLParser):
 
     def find(self, tag: str | None = None, css_class: str | None = None) -> list[Element]:
         return [
-            e
-            for e in self.elements
-            if (tag is None or e.tag == tag) and (css_class is None or css_class in e.classes)
+            e for e in self.elements if (tag is None or e.tag == tag) and (css_class is None or css_class in e.classes)
         ]
 
 
@@ -130,9 +128,7 @@ def built_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def browser() -> str:
     found = find_browser()
     if found is None:
-        pytest.skip(
-            "no Chromium on this machine (apt-get install chromium): the rendered page is not checked"
-        )
+        pytest.skip("no Chromium on this machine (apt-get install chromium): the rendered page is not checked")
     return found
 
 
@@ -161,9 +157,7 @@ def test_page_shows_code_cells_and_their_outputs(rendered_dom: Dom) -> None:
 def test_page_shows_the_matplotlib_figure(rendered_dom: Dom, built_html: Path) -> None:
     page_dir = (built_html / PAGE).parent
     figures = [
-        e
-        for e in rendered_dom.find("img")
-        if e.inside("cell_output") and e.attrs.get("src", "").endswith(".png")
+        e for e in rendered_dom.find("img") if e.inside("cell_output") and e.attrs.get("src", "").endswith(".png")
     ]
     assert figures, "no <img> of a notebook figure inside a cell output"
     for figure in figures:
@@ -177,12 +171,8 @@ def test_page_has_colab_and_kaggle_links(rendered_dom: Dom) -> None:
     hrefs = [e for e in rendered_dom.find("a") if e.attrs.get("href") in {colab, kaggle}]
     assert any(e.attrs["href"] == colab for e in hrefs), f"no Colab link {colab}"
     kaggle_links = [e for e in hrefs if e.attrs["href"] == kaggle]
-    assert any(e.inside("dropdown-launch-buttons") for e in kaggle_links), (
-        "Kaggle missing from the launch menu"
-    )
-    assert any(e.inside("mi-run-line") for e in kaggle_links), (
-        "Kaggle missing from the 'Run this chapter' line"
-    )
+    assert any(e.inside("dropdown-launch-buttons") for e in kaggle_links), "Kaggle missing from the launch menu"
+    assert any(e.inside("mi-run-line") for e in kaggle_links), "Kaggle missing from the 'Run this chapter' line"
     assert any(e.inside("mi-run-line") for e in hrefs if e.attrs["href"] == colab)
 
 
@@ -192,9 +182,7 @@ def test_prose_pages_have_no_notebook_launch_links(built_html: Path) -> None:
     assert "mi-run-line" not in intro
 
 
-def test_screenshot_of_the_page(
-    built_html: Path, browser: str, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+def test_screenshot_of_the_page(built_html: Path, browser: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     shots = tmp_path_factory.mktemp("screenshots")
     png = shots / "00_welcome.png"
     result = run_browser(

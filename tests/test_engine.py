@@ -3,10 +3,18 @@
 import random
 
 import pytest
+import torch
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.config import ModelConfig
-from mini_infer.scheduler import RequestTooLongError
+from mini_infer.engine import LLMEngine
+from mini_infer.greedy import GreedySampler
+from mini_infer.kv.block_pool import BlockPool
+from mini_infer.kv.paged_attention import PagedKVCache
+from mini_infer.model import Qwen2Model
+from mini_infer.model_runner import ModelRunner
+from mini_infer.scheduler import RequestTooLongError, Scheduler
+from mini_infer.tokenizer import Tokenizer
 from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 
 MAX_TOKENS = 32
@@ -29,7 +37,9 @@ def case(request, model_dirs):
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_greedy_equals_transformers_with_roomy_pool(case, prefix_caching):
     model_dir, prompts, expected = case
-    llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, enable_prefix_caching=prefix_caching, show_progress=False)
+    llm = LLM(
+        str(model_dir), dtype="float32", num_kv_blocks=512, enable_prefix_caching=prefix_caching, show_progress=False
+    )
     outputs = run_checked(llm.engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
     assert all(o.finish_reason == "length" for o in outputs)
@@ -41,7 +51,9 @@ def test_greedy_equals_transformers_with_roomy_pool(case, prefix_caching):
 def test_greedy_unchanged_by_preemption(case, prefix_caching):
     model_dir, prompts, expected = case
     # The longest request needs 12 blocks alone; 16 blocks for 18 requests forces preemptions.
-    llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=16, enable_prefix_caching=prefix_caching, show_progress=False)
+    llm = LLM(
+        str(model_dir), dtype="float32", num_kv_blocks=16, enable_prefix_caching=prefix_caching, show_progress=False
+    )
     outputs = run_checked(llm.engine, prompts, GREEDY)
     assert llm.stats()["num_preemptions"] > 0
     assert [o.token_ids for o in outputs] == expected
@@ -51,7 +63,14 @@ def test_greedy_unchanged_by_preemption(case, prefix_caching):
 def test_greedy_unchanged_by_chunked_prefill(case):
     model_dir, prompts, expected = case
     # A budget of 7 tokens chunks every prompt longer than 7, mid-block, over many steps.
-    llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=512, max_num_batched_tokens=7, max_num_seqs=4, show_progress=False)
+    llm = LLM(
+        str(model_dir),
+        dtype="float32",
+        num_kv_blocks=512,
+        max_num_batched_tokens=7,
+        max_num_seqs=4,
+        show_progress=False,
+    )
     outputs = run_checked(llm.engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
     assert llm.stats()["steps"] > len(prompts) * MAX_TOKENS / 4
@@ -72,7 +91,9 @@ def test_seeded_sampling_independent_of_the_batch(tiny_model_dir):
 
 def test_outputs_in_prompt_order_with_text(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=256, show_progress=False)
-    outs = llm.generate(["hello world", "the cache", "a"], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        ["hello world", "the cache", "a"], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), use_tqdm=False
+    )
     assert [o.prompt for o in outs] == ["hello world", "the cache", "a"]
     tokenizer = llm.engine.tokenizer
     for o in outs:
@@ -82,10 +103,14 @@ def test_outputs_in_prompt_order_with_text(tiny_model_dir):
 
 def test_stop_token_and_eos(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=256, show_progress=False)
-    free_run = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    free_run = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), use_tqdm=False)[
+        0
+    ]
     stop_at = free_run.token_ids[4]
     first = free_run.token_ids.index(stop_at)
-    out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop_at]), use_tqdm=False)[0]
+    out = llm.generate(
+        [[3, 4, 5]], SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop_at]), use_tqdm=False
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
     assert out.token_ids == free_run.token_ids[: first + 1]
 
@@ -137,7 +162,13 @@ def test_chat_applies_template(tiny_model_dir):
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_forks_share_the_prompt_blocks(tiny_model_dir, prefix_caching):
-    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, enable_prefix_caching=prefix_caching, show_progress=False)
+    llm = LLM(
+        str(tiny_model_dir),
+        dtype="float32",
+        num_kv_blocks=64,
+        enable_prefix_caching=prefix_caching,
+        show_progress=False,
+    )
     engine = llm.engine
     prompt = list(range(1, 41))  # 40 tokens: two full blocks and a partial one
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -146,13 +177,13 @@ def test_forks_share_the_prompt_blocks(tiny_model_dir, prefix_caching):
     engine.add_request(prompt, greedy, "c", fork_of="a")
     first = engine.scheduler.schedule()
     assert [s.seq.request_id for s in first.scheduled] == ["a"]  # the forks wait for the prompt
-    engine.scheduler.update(first.scheduled, [7])
+    engine.scheduler.update(first.scheduled, [[7]])
     second = engine.scheduler.schedule()
     forks = {s.seq.request_id: s for s in second.scheduled if s.seq.request_id != "a"}
     assert {rid: s.num_new_tokens for rid, s in forks.items()} == {"b": 8, "c": 8}  # only the partial block
     shared = engine.scheduler.running[0].block_table.block_ids[:2]
     assert all(engine.pool.ref_count(b) == 3 + prefix_caching for b in shared)
-    engine.scheduler.update(second.scheduled, [7 if s.seq.request_id == "a" else None for s in second.scheduled])
+    engine.scheduler.update(second.scheduled, [[7] if s.seq.request_id == "a" else [] for s in second.scheduled])
     engine.scheduler.check_invariants()
 
 
@@ -171,3 +202,34 @@ def test_forks_give_the_same_greedy_text(tiny_model_dir):
     assert finals == {"p": reference, "q": reference}
     with pytest.raises(ValueError, match="not a request in flight"):
         engine.add_request(prompt, greedy, "r", fork_of="p")
+
+
+def _chapter_06_engine(model_dir, num_blocks: int = 64) -> LLMEngine:
+    """The engine as chapter 06 builds it: from its parts, with nothing of chapters 08-10."""
+    model = Qwen2Model.from_pretrained(model_dir, torch.float32, show_progress=False)
+    config = model.config
+    runner = ModelRunner(model, PagedKVCache(config, num_blocks, 16, torch.float32, "cpu"))
+    scheduler = Scheduler(BlockPool(num_blocks, 16), max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512)
+    return LLMEngine(runner, scheduler, Tokenizer(model_dir), eos_token_ids=config.eos_token_ids)
+
+
+def test_the_chapter_06_engine_from_its_parts_decodes_like_transformers(case):
+    """No prefix cache, the greedy sampler, no draft: the same tokens as the whole engine."""
+    model_dir, prompts, expected = case
+    engine = _chapter_06_engine(model_dir)
+    assert isinstance(engine.sampler, GreedySampler) and engine.prefix_cache is None and engine.drafter is None
+    outputs = run_checked(engine, prompts[:8], GREEDY)
+    assert [o.token_ids for o in outputs] == expected[:8]
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_the_greedy_sampler_refuses_what_only_chapter_09_can_do(tiny_model_dir):
+    engine = _chapter_06_engine(tiny_model_dir)
+    for params in (
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0.0, logprobs=2),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2),
+    ):
+        with pytest.raises(ValueError, match="greedily only"):
+            engine.add_request([1, 2, 3], params)
+    assert not engine.has_unfinished_requests() and engine.pool.num_free_blocks == engine.pool.num_blocks

@@ -20,7 +20,10 @@ def test_written_model_loads_in_transformers(tiny_model_dir):
     assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
     config = ModelConfig.from_model_dir(tiny_model_dir)
     # Both end-of-turn tokens are stop tokens, as in Qwen2.5-Instruct's generation_config.
-    assert set(config.eos_token_ids) == {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+    assert set(config.eos_token_ids) == {
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    }
 
 
 def test_same_seed_same_bytes(tmp_path):
@@ -56,10 +59,18 @@ def test_random_model_emits_only_tokens_the_tokenizer_has(tmp_path):
     from mini_infer import LLM, SamplingParams
 
     for tied in (True, False):
-        path = write_random_model(tmp_path / f"tied-{tied}", "tiny-test", vocab_size=4096, tie_word_embeddings=tied,
-                                  tokenizer_vocab_size=300, dtype="float32")
+        path = write_random_model(
+            tmp_path / f"tied-{tied}",
+            "tiny-test",
+            vocab_size=4096,
+            tie_word_embeddings=tied,
+            tokenizer_vocab_size=300,
+            dtype="float32",
+        )
         tokenizer_size = len(AutoTokenizer.from_pretrained(path))
         llm = LLM(str(path), dtype=torch.float32, show_progress=False)
-        outputs = llm.generate(["hello world", "a b c"], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True), use_tqdm=False)
+        outputs = llm.generate(
+            ["hello world", "a b c"], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True), use_tqdm=False
+        )
         for out in outputs:
             assert len(out.token_ids) == 24 and max(out.token_ids) < tokenizer_size, out.token_ids

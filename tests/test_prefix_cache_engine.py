@@ -20,7 +20,9 @@ BLOCK = 16
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 
-def shared_prefix_prompts(vocab: int, groups: int = 3, per_group: int = 3, system_len: int = 40, seed: int = 0) -> list[list[int]]:
+def shared_prefix_prompts(
+    vocab: int, groups: int = 3, per_group: int = 3, system_len: int = 40, seed: int = 0
+) -> list[list[int]]:
     """``groups`` system prompts of ``system_len`` tokens, each followed by ``per_group`` questions."""
     rng = random.Random(seed)
     prompts = []
@@ -185,7 +187,9 @@ def test_a_request_preempted_during_its_prefill_is_counted_once(tiny_model_dir):
     stats = llm.stats()
     assert stats["num_preemptions"] > 0
     assert stats["prefix_cache_query_tokens"] == stats["prompt_tokens"] == 78
-    assert stats["prefix_cache_hit_tokens"] == finals["first"].num_cached_tokens + finals["second"].num_cached_tokens == 0
+    assert (
+        stats["prefix_cache_hit_tokens"] == finals["first"].num_cached_tokens + finals["second"].num_cached_tokens == 0
+    )
     assert_all_blocks_back(engine)
 
 

@@ -11,19 +11,19 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from mini_infer.greedy import argmax_rows
 from mini_infer.sampling import (
     Sampler,
     SamplingParams,
-    StopStringChecker,
     apply_min_p,
     apply_penalties,
     apply_top_k,
     apply_top_p,
-    argmax_rows,
     make_generator,
     probs_from_logits,
     sample_from_probs,
 )
+from mini_infer.stop_strings import StopStringChecker
 
 CPU = torch.device("cpu")
 
@@ -33,22 +33,64 @@ CPU = torch.device("cpu")
 # --------------------------------------------------------------------------------------------
 
 BAD_PARAMS = [
-    ("max_tokens", 0), ("max_tokens", -3), ("max_tokens", 1.5), ("max_tokens", True), ("max_tokens", "16"),
+    ("max_tokens", 0),
+    ("max_tokens", -3),
+    ("max_tokens", 1.5),
+    ("max_tokens", True),
+    ("max_tokens", "16"),
     ("max_tokens", None),
-    ("temperature", -1.0), ("temperature", -1e-9), ("temperature", math.nan), ("temperature", math.inf),
-    ("temperature", "1"), ("temperature", True), ("temperature", None),
-    ("top_p", 0.0), ("top_p", -0.1), ("top_p", 1.0001), ("top_p", math.nan), ("top_p", "0.9"),
-    ("top_k", 0), ("top_k", -2), ("top_k", 1.5), ("top_k", True), ("top_k", "5"),
-    ("min_p", -0.1), ("min_p", 1.1), ("min_p", math.inf), ("min_p", False),
-    ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", math.nan),
-    ("presence_penalty", 2.5), ("presence_penalty", -2.01), ("presence_penalty", "0"),
-    ("frequency_penalty", 3), ("frequency_penalty", -math.inf),
-    ("logprobs", -1), ("logprobs", 21), ("logprobs", 2.0), ("logprobs", True),
-    ("seed", 1.5), ("seed", "7"), ("seed", -1), ("seed", 2**64), ("seed", True),
-    ("stop", ""), ("stop", [""]), ("stop", ["ok", ""]), ("stop", [1]), ("stop", 5), ("stop", b"x"),
-    ("stop_token_ids", [-1]), ("stop_token_ids", [True]), ("stop_token_ids", "1"), ("stop_token_ids", [1.0]),
+    ("temperature", -1.0),
+    ("temperature", -1e-9),
+    ("temperature", math.nan),
+    ("temperature", math.inf),
+    ("temperature", "1"),
+    ("temperature", True),
+    ("temperature", None),
+    ("top_p", 0.0),
+    ("top_p", -0.1),
+    ("top_p", 1.0001),
+    ("top_p", math.nan),
+    ("top_p", "0.9"),
+    ("top_k", 0),
+    ("top_k", -2),
+    ("top_k", 1.5),
+    ("top_k", True),
+    ("top_k", "5"),
+    ("min_p", -0.1),
+    ("min_p", 1.1),
+    ("min_p", math.inf),
+    ("min_p", False),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
+    ("repetition_penalty", math.nan),
+    ("presence_penalty", 2.5),
+    ("presence_penalty", -2.01),
+    ("presence_penalty", "0"),
+    ("frequency_penalty", 3),
+    ("frequency_penalty", -math.inf),
+    ("logprobs", -1),
+    ("logprobs", 21),
+    ("logprobs", 2.0),
+    ("logprobs", True),
+    ("seed", 1.5),
+    ("seed", "7"),
+    ("seed", -1),
+    ("seed", 2**64),
+    ("seed", True),
+    ("stop", ""),
+    ("stop", [""]),
+    ("stop", ["ok", ""]),
+    ("stop", [1]),
+    ("stop", 5),
+    ("stop", b"x"),
+    ("stop_token_ids", [-1]),
+    ("stop_token_ids", [True]),
+    ("stop_token_ids", "1"),
+    ("stop_token_ids", [1.0]),
     ("stop_token_ids", 3),
-    ("ignore_eos", 1), ("ignore_eos", "yes"), ("ignore_eos", None),
+    ("ignore_eos", 1),
+    ("ignore_eos", "yes"),
+    ("ignore_eos", None),
     ("include_stop_str_in_output", 0),
 ]
 
@@ -62,14 +104,17 @@ def test_bad_params_name_the_field_and_the_value(field: str, value: object) -> N
     assert "got" in message
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("temperature", -1, "temperature must be >= 0, got -1.0"),
-    ("top_p", 0, "top_p must be in (0, 1], got 0.0"),
-    ("top_k", 0, "top_k must be -1 (disabled) or >= 1, got 0"),
-    ("min_p", 2, "min_p must be in [0, 1], got 2.0"),
-    ("logprobs", 21, "logprobs must be None or in [0, 20], got 21"),
-    ("temperature", True, "temperature must be a number, got True"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temperature", -1, "temperature must be >= 0, got -1.0"),
+        ("top_p", 0, "top_p must be in (0, 1], got 0.0"),
+        ("top_k", 0, "top_k must be -1 (disabled) or >= 1, got 0"),
+        ("min_p", 2, "min_p must be in [0, 1], got 2.0"),
+        ("logprobs", 21, "logprobs must be None or in [0, 20], got 21"),
+        ("temperature", True, "temperature must be a number, got True"),
+    ],
+)
 def test_messages_state_the_allowed_range(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{__import__('re').escape(message)}$"):
         SamplingParams(**{field: value})  # type: ignore[arg-type]
@@ -134,39 +179,48 @@ def logits_of(probs: list[float]) -> torch.Tensor:
     return torch.tensor([probs]).log()
 
 
-@pytest.mark.parametrize(("probs", "k", "expected"), [
-    ([0.1, 0.4, 0.2, 0.3], 2, [False, True, False, True]),
-    ([0.1, 0.4, 0.2, 0.3], 1, [False, True, False, False]),
-    ([0.3, 0.3, 0.1, 0.3], 2, [True, True, False, True]),  # ties with the k-th are kept
-    ([0.1, 0.4, 0.2, 0.3], 4, [True] * 4),
-    ([0.1, 0.4, 0.2, 0.3], 100, [True] * 4),  # larger than the vocabulary: clamped
-    ([0.1, 0.4, 0.2, 0.3], -1, [True] * 4),  # disabled
-])
+@pytest.mark.parametrize(
+    ("probs", "k", "expected"),
+    [
+        ([0.1, 0.4, 0.2, 0.3], 2, [False, True, False, True]),
+        ([0.1, 0.4, 0.2, 0.3], 1, [False, True, False, False]),
+        ([0.3, 0.3, 0.1, 0.3], 2, [True, True, False, True]),  # ties with the k-th are kept
+        ([0.1, 0.4, 0.2, 0.3], 4, [True] * 4),
+        ([0.1, 0.4, 0.2, 0.3], 100, [True] * 4),  # larger than the vocabulary: clamped
+        ([0.1, 0.4, 0.2, 0.3], -1, [True] * 4),  # disabled
+    ],
+)
 def test_top_k_hand_cases(probs: list[float], k: int, expected: list[bool]) -> None:
     assert kept(apply_top_k(logits_of(probs), torch.tensor([k])))[0] == expected
     assert ref_top_k(logits_of(probs)[0].tolist(), k) == expected
 
 
-@pytest.mark.parametrize(("probs", "p", "expected"), [
-    ([0.1, 0.4, 0.2, 0.3], 0.35, [False, True, False, False]),
-    ([0.1, 0.4, 0.2, 0.3], 0.6, [False, True, False, True]),
-    ([0.1, 0.4, 0.2, 0.3], 0.75, [False, True, True, True]),
-    ([0.1, 0.4, 0.2, 0.3], 1.0, [True] * 4),
-    ([0.3, 0.2, 0.2, 0.2, 0.1], 0.4, [True, True, True, True, False]),  # ties at the edge are kept
-    ([0.25, 0.25, 0.25, 0.25], 0.1, [True] * 4),  # all tied: all kept
-    ([0.97, 0.01, 0.01, 0.01], 0.5, [True, False, False, False]),
-])
+@pytest.mark.parametrize(
+    ("probs", "p", "expected"),
+    [
+        ([0.1, 0.4, 0.2, 0.3], 0.35, [False, True, False, False]),
+        ([0.1, 0.4, 0.2, 0.3], 0.6, [False, True, False, True]),
+        ([0.1, 0.4, 0.2, 0.3], 0.75, [False, True, True, True]),
+        ([0.1, 0.4, 0.2, 0.3], 1.0, [True] * 4),
+        ([0.3, 0.2, 0.2, 0.2, 0.1], 0.4, [True, True, True, True, False]),  # ties at the edge are kept
+        ([0.25, 0.25, 0.25, 0.25], 0.1, [True] * 4),  # all tied: all kept
+        ([0.97, 0.01, 0.01, 0.01], 0.5, [True, False, False, False]),
+    ],
+)
 def test_top_p_hand_cases(probs: list[float], p: float, expected: list[bool]) -> None:
     assert kept(apply_top_p(logits_of(probs), torch.tensor([p])))[0] == expected
     assert ref_top_p(logits_of(probs)[0].tolist(), p) == expected
 
 
-@pytest.mark.parametrize(("probs", "min_p", "expected"), [
-    ([0.1, 0.4, 0.2, 0.3], 0.0, [True] * 4),
-    ([0.1, 0.4, 0.2, 0.3], 0.3, [False, True, True, True]),
-    ([0.1, 0.4, 0.2, 0.3], 0.6, [False, True, False, True]),
-    ([0.1, 0.4, 0.2, 0.4], 1.0, [False, True, False, True]),  # ties with the maximum survive
-])
+@pytest.mark.parametrize(
+    ("probs", "min_p", "expected"),
+    [
+        ([0.1, 0.4, 0.2, 0.3], 0.0, [True] * 4),
+        ([0.1, 0.4, 0.2, 0.3], 0.3, [False, True, True, True]),
+        ([0.1, 0.4, 0.2, 0.3], 0.6, [False, True, False, True]),
+        ([0.1, 0.4, 0.2, 0.4], 1.0, [False, True, False, True]),  # ties with the maximum survive
+    ],
+)
 def test_min_p_hand_cases(probs: list[float], min_p: float, expected: list[bool]) -> None:
     assert kept(apply_min_p(logits_of(probs), torch.tensor([min_p])))[0] == expected
     assert ref_min_p(logits_of(probs)[0].tolist(), min_p) == expected
@@ -258,8 +312,7 @@ def test_penalties_hand_computed() -> None:
 
 def test_sampler_penalties_from_token_lists() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0]])
-    params = [SamplingParams(temperature=0, repetition_penalty=10.0),
-              SamplingParams(temperature=0)]
+    params = [SamplingParams(temperature=0, repetition_penalty=10.0), SamplingParams(temperature=0)]
     # Row 0 saw token 3 in its output: 3 / 10 = 0.3 < 2.0, so the argmax moves to token 0.
     # Row 1 saw it too but has no penalty: its token ids are not even read.
     out = Sampler(seed=0)(logits, params, prompt_token_ids=[[1], [3]], output_token_ids=[[3, 3], [3]])
@@ -455,8 +508,9 @@ def test_logprobs_come_from_penalised_tempered_logits() -> None:
     for row, ids in enumerate(output):
         for t in ids:
             counts[row, 1, t] += 1
-    penalised = apply_penalties(logits.float(), counts[:, 0], counts[:, 1], torch.tensor([1.5, 1.0, 1.0]),
-                                torch.zeros(3), torch.zeros(3))
+    penalised = apply_penalties(
+        logits.float(), counts[:, 0], counts[:, 1], torch.tensor([1.5, 1.0, 1.0]), torch.zeros(3), torch.zeros(3)
+    )
     expected = (penalised / torch.tensor([[0.5], [1.0], [0.8]])).log_softmax(-1)
     chosen = out.token_ids
     assert torch.allclose(out.logprobs, expected.gather(1, chosen[:, None])[:, 0])
@@ -489,9 +543,13 @@ def test_no_logprobs_unless_asked_and_to_host() -> None:
 def test_a_step_never_syncs_on_cuda() -> None:
     device = torch.device("cuda")
     logits = torch.randn(8, 1000, device=device)
-    params = [SamplingParams(), SamplingParams(temperature=0), SamplingParams(seed=1, top_k=5, top_p=0.9),
-              SamplingParams(min_p=0.1, logprobs=3), SamplingParams(repetition_penalty=1.2, frequency_penalty=1)] \
-        + [SamplingParams(top_p=0.5)] * 3
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0),
+        SamplingParams(seed=1, top_k=5, top_p=0.9),
+        SamplingParams(min_p=0.1, logprobs=3),
+        SamplingParams(repetition_penalty=1.2, frequency_penalty=1),
+    ] + [SamplingParams(top_p=0.5)] * 3
     gens = [None, None, make_generator(1, device)] + [None] * 5
     sampler = Sampler(seed=0)
     torch.cuda.synchronize()
@@ -562,8 +620,7 @@ def test_stop_string_spanning_many_pushes() -> None:
     checker = StopStringChecker(["<|end|>"])
     pieces = ["Hello <", "|", "e", "nd", " not yet <|e", "nd|>", " after"]
     out = [checker.push(p) for p in pieces[:-1]]
-    assert out == [("Hello ", False), ("", False), ("", False), ("", False),
-                   ("<|end not yet ", False), ("", True)]
+    assert out == [("Hello ", False), ("", False), ("", False), ("", False), ("<|end not yet ", False), ("", True)]
     assert checker.flush() == "" and checker.matched == "<|end|>"
     with pytest.raises(RuntimeError):
         checker.push(pieces[-1])

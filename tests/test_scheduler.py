@@ -25,7 +25,9 @@ def fake_token(token_ids: list[int]) -> int:
 def run(requests, num_blocks, budget, max_seqs, prefix_caching, abort_at=()):
     pool = BlockPool(num_blocks, BLOCK)
     cache = RadixCache(pool) if prefix_caching else None
-    scheduler = Scheduler(pool, max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=10_000, prefix_cache=cache)
+    scheduler = Scheduler(
+        pool, max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=10_000, prefix_cache=cache
+    )
     seqs = []
     for i, (prompt, max_tokens) in enumerate(requests):
         seq = Sequence(str(i), prompt, SamplingParams(max_tokens=max_tokens), arrival=i)
@@ -36,7 +38,7 @@ def run(requests, num_blocks, budget, max_seqs, prefix_caching, abort_at=()):
         out = scheduler.schedule()
         assert not out.is_empty, "a step with unfinished requests scheduled nothing: the engine would hang"
         assert out.num_tokens <= budget
-        tokens = [fake_token(s.seq.token_ids) if s.samples else None for s in out.scheduled]
+        tokens = [[fake_token(s.seq.token_ids)] if s.samples else [] for s in out.scheduled]
         scheduler.update(out.scheduled, tokens)
         for item in out.scheduled:
             seq = item.seq
@@ -91,7 +93,11 @@ def test_random_workloads_complete_unchanged(requests, extra_blocks, budget, max
 
 
 @settings(max_examples=30, deadline=None)
-@given(requests=request_lists, aborts=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 9)), max_size=4), prefix=st.booleans())
+@given(
+    requests=request_lists,
+    aborts=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 9)), max_size=4),
+    prefix=st.booleans(),
+)
 def test_aborts_free_everything(requests, aborts, prefix):
     need = max(num_blocks_for(len(p) + m, BLOCK) for p, m in requests)
     seqs, _ = run(requests, need + 2, 8, 4, prefix, abort_at=aborts)
@@ -125,7 +131,7 @@ def test_decodes_are_scheduled_before_prefill_chunks():
     first = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=5), arrival=0)
     scheduler.add(first)
     out = scheduler.schedule()
-    scheduler.update(out.scheduled, [7])
+    scheduler.update(out.scheduled, [[7]])
     scheduler.add(Sequence("b", list(range(40)), SamplingParams(max_tokens=5), arrival=1))
     out = scheduler.schedule()
     assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 1), ("b", 5)]
@@ -138,7 +144,7 @@ def test_prefix_cache_skips_shared_blocks():
     system = list(range(12))  # three full blocks
     scheduler.add(Sequence("a", system + [50, 51], SamplingParams(max_tokens=2), arrival=0))
     out = scheduler.schedule()
-    scheduler.update(out.scheduled, [1])
+    scheduler.update(out.scheduled, [[1]])
     scheduler.add(Sequence("b", system + [60], SamplingParams(max_tokens=2), arrival=1))
     out = scheduler.schedule()
     b = next(s for s in out.scheduled if s.seq.request_id == "b")

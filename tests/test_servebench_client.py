@@ -80,7 +80,10 @@ def sse(*objects: object) -> list[bytes]:
 
 def completion_chunks(pieces: list[str], usage: dict[str, object] | None) -> list[bytes]:
     last = len(pieces) - 1
-    chunks = [{"choices": [{"index": 0, "text": p, "finish_reason": "length" if i == last else None}]} for i, p in enumerate(pieces)]
+    chunks = [
+        {"choices": [{"index": 0, "text": p, "finish_reason": "length" if i == last else None}]}
+        for i, p in enumerate(pieces)
+    ]
     tail: list[object] = [{"choices": [], "usage": usage}] if usage else []
     return sse(*chunks, *tail, "[DONE]")
 
@@ -150,8 +153,11 @@ def test_chat_stream_and_reasoning_content() -> None:
     [
         (lambda r: httpx.Response(500, json={"error": {"message": "out of memory"}}), "HTTP 500: out of memory"),
         (lambda r: httpx.Response(400, text="no such field"), "HTTP 400: no such field"),
-        (streaming(sse({"choices": [{"text": "a"}]}, {"error": {"message": "engine died"}})), "error event: engine died"),
-        (streaming([b"event: error\ndata: {\"message\": \"x\"}\n\n"]), "error event: x"),
+        (
+            streaming(sse({"choices": [{"text": "a"}]}, {"error": {"message": "engine died"}})),
+            "error event: engine died",
+        ),
+        (streaming([b'event: error\ndata: {"message": "x"}\n\n']), "error event: x"),
         (streaming(sse({"choices": [{"text": "a"}]})), "the stream ended before [DONE] or a finish_reason"),
         (streaming([b"data: {not json\n\n"]), "not JSON in the stream"),
     ],
@@ -190,7 +196,10 @@ def test_payloads() -> None:
     assert payload["ignore_eos"] is True and payload["top_k"] == 1 and "prompt" not in payload
     assert chat.url == "http://h:1/v1/chat/completions"
     with pytest.raises(ValueError, match="--endpoint chat"):
-        build_payload(base, BenchRequest(prompt=None, messages=[{"role": "user", "content": "x"}], prompt_len=None, output_len=None))
+        build_payload(
+            base,
+            BenchRequest(prompt=None, messages=[{"role": "user", "content": "x"}], prompt_len=None, output_len=None),
+        )
 
 
 def test_prefix_cache_counters_from_prometheus_text() -> None:

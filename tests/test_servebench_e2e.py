@@ -101,7 +101,11 @@ def make_app(state: FakeState) -> FastAPI:
                     yield b'data: {"error": {"message": "injected mid-stream failure", "code": 500}}\n\n'
                     return
             if state.send_usage and body.get("stream_options", {}).get("include_usage"):
-                usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+                usage: dict[str, Any] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": n,
+                    "total_tokens": prompt_tokens + n,
+                }
                 if state.report_cached_tokens:
                     usage["prompt_tokens_details"] = {"cached_tokens": cached}
                 yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()

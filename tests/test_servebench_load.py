@@ -138,7 +138,9 @@ def test_shared_prefix_groups_share_their_prefix(tokenizer: TextTokenizer) -> No
         assert r.output_len == 5
     assert len(set(systems.values())) == 3  # and different groups have different ones
     assert len({r.prompt for r in requests}) == 12  # every question is its own
-    with_tokens = shared_prefix_dataset(2, 2, system_prompt_len=20, question_len=5, output_len=5, seed=0, tokenizer=tokenizer)
+    with_tokens = shared_prefix_dataset(
+        2, 2, system_prompt_len=20, question_len=5, output_len=5, seed=0, tokenizer=tokenizer
+    )
     for r in with_tokens:
         assert r.prompt_len is not None and r.prompt_len == len(tokenizer.encode(r.prompt or ""))
         assert len(tokenizer.encode((r.messages or [])[0]["content"])) == 20

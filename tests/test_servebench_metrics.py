@@ -18,11 +18,28 @@ from mini_infer.bench.serve.metrics import Distribution, RequestRecord, compute_
 def timelines() -> list[RequestRecord]:
     return [
         # TTFT 0.1, E2E 0.5, TPOT (0.5 - 0.1) / 4 = 0.1, ITL 0.05, 0.1, 0.15
-        RequestRecord(0, send_time=0.0, end_time=0.5, chunk_times=[0.1, 0.15, 0.25, 0.4], prompt_tokens=10, output_tokens=5, cached_tokens=5),
+        RequestRecord(
+            0,
+            send_time=0.0,
+            end_time=0.5,
+            chunk_times=[0.1, 0.15, 0.25, 0.4],
+            prompt_tokens=10,
+            output_tokens=5,
+            cached_tokens=5,
+        ),
         # failed: counted, excluded from every latency and token total
         RequestRecord(1, send_time=0.2, end_time=0.3, success=False, error="HTTP 500: boom"),
         # TTFT 0.2, E2E 1.5, one token: no TPOT, no ITL; its counts are an estimate
-        RequestRecord(2, send_time=0.5, end_time=2.0, chunk_times=[0.7], prompt_tokens=30, output_tokens=1, cached_tokens=15, token_count_source="estimate"),
+        RequestRecord(
+            2,
+            send_time=0.5,
+            end_time=2.0,
+            chunk_times=[0.7],
+            prompt_tokens=30,
+            output_tokens=1,
+            cached_tokens=15,
+            token_count_source="estimate",
+        ),
         # TTFT 0.3, E2E 0.5, TPOT (0.5 - 0.3) / 1 = 0.2, ITL 0.2
         RequestRecord(3, send_time=1.0, end_time=1.5, chunk_times=[1.3, 1.5], prompt_tokens=20, output_tokens=2),
         RequestRecord(4, send_time=1.1, end_time=1.2, success=False, error="HTTP 500: boom"),

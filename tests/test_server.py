@@ -30,14 +30,20 @@ ENGINE = {"dtype": "float32", "num_kv_blocks": 256, "max_num_batched_tokens": 25
 MESSAGES = [
     [{"role": "user", "content": "What is 2 + 3?"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello world"}],
-    [{"role": "user", "content": "the cache"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}],
+    [
+        {"role": "user", "content": "the cache"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "more"},
+    ],
 ]
 PROMPTS: list[Any] = ["hello world", "the cache is", [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
-    config = ServerConfig(model=str(tiny_model_dir), served_model_name=MODEL, api_key=API_KEY, engine_kwargs=ENGINE, show_progress=False)
+    config = ServerConfig(
+        model=str(tiny_model_dir), served_model_name=MODEL, api_key=API_KEY, engine_kwargs=ENGINE, show_progress=False
+    )
     with BackgroundServer(build_app(config)) as srv:
         srv.wait_ready(timeout=60)
         yield srv
@@ -118,7 +124,12 @@ def test_chat_streaming_equals_llm_chat(client: openai.OpenAI, llm: LLM) -> None
     for messages, want in zip(MESSAGES, expected):
         chunks = list(
             client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+                model=MODEL,
+                messages=messages,
+                max_tokens=12,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
             )
         )
         assert chunks[0].choices[0].delta.role == "assistant"
@@ -140,7 +151,9 @@ def test_completions_greedy_equals_generate(client: openai.OpenAI, llm: LLM) -> 
     one = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=10, temperature=0)
     assert one.choices[0].text == expected[2].text and one.object == "text_completion"
     assert one.usage is not None and one.usage.prompt_tokens == len(PROMPTS[2])
-    streamed = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0, stream=True))
+    streamed = list(
+        client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=10, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].text for c in streamed) == expected[0].text
     assert streamed[-1].choices[0].finish_reason == expected[0].finish_reason
 
@@ -163,7 +176,12 @@ def test_chat_without_max_tokens_may_run_to_the_context_limit(http: httpx.Client
         if count(words) <= 2044:
             break
         words -= 1
-    body = {"model": MODEL, "messages": [{"role": "user", "content": " ".join(["hello"] * words)}], "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": " ".join(["hello"] * words)}],
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     response = http.post("/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     u = response.json()["usage"]
@@ -172,19 +190,27 @@ def test_chat_without_max_tokens_may_run_to_the_context_limit(http: httpx.Client
 
 
 def test_token_id_list_prompts_and_stop_strings(client: openai.OpenAI, llm: LLM) -> None:
-    free = llm.generate([[3, 4, 5, 6]], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    free = llm.generate([[3, 4, 5, 6]], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)[
+        0
+    ]
     stop = free.text[len(free.text) // 2 :][:3]
     assert stop.strip(), free.text
     want = free.text[: free.text.index(stop)]
-    got = client.completions.create(model=MODEL, prompt=[[3, 4, 5, 6]], max_tokens=16, temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    got = client.completions.create(
+        model=MODEL, prompt=[[3, 4, 5, 6]], max_tokens=16, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
     assert got.choices[0].text == want and got.choices[0].finish_reason == "stop"
 
 
 def test_text_response_format_is_the_default(client: openai.OpenAI) -> None:
-    got = client.chat.completions.create(model=MODEL, messages=MESSAGES[0], max_tokens=2, response_format={"type": "text"})
+    got = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES[0], max_tokens=2, response_format={"type": "text"}
+    )
     assert got.choices[0].message.content is not None
     with pytest.raises(openai.BadRequestError, match="constrained decoding"):
-        client.chat.completions.create(model=MODEL, messages=MESSAGES[0], max_tokens=2, response_format={"type": "json_object"})
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES[0], max_tokens=2, response_format={"type": "json_object"}
+        )
 
 
 def test_seed_reproduces_sampling(client: openai.OpenAI) -> None:
@@ -202,7 +228,9 @@ def test_n_choices_share_the_prompt_blocks(server: BackgroundServer, client: ope
     wait_idle(server)
     on_engine(server, lambda e: setattr(e, "step_log", []))
     on_engine(server, lambda e: e.prefix_cache.reset() if e.prefix_cache else None)
-    got = client.completions.create(model=MODEL, prompt=prompt, n=4, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    got = client.completions.create(
+        model=MODEL, prompt=prompt, n=4, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     steps = on_engine(server, lambda e: e.step_log)
     on_engine(server, lambda e: setattr(e, "step_log", None))
     want = llm.generate([prompt], greedy(6), use_tqdm=False)[0].text
@@ -221,7 +249,9 @@ def test_n_with_seed_gives_different_choices(client: openai.OpenAI) -> None:
 
 
 def test_chat_logprobs(client: openai.OpenAI) -> None:
-    got = client.chat.completions.create(model=MODEL, messages=MESSAGES[0], max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    got = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES[0], max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = got.choices[0].logprobs.content
     assert content is not None and got.usage is not None and len(content) == got.usage.completion_tokens
     for entry in content:
@@ -229,7 +259,9 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy takes the top token
         assert entry.bytes is not None
     streamed = list(
-        client.chat.completions.create(model=MODEL, messages=MESSAGES[0], max_tokens=6, temperature=0, logprobs=True, stream=True)
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES[0], max_tokens=6, temperature=0, logprobs=True, stream=True
+        )
     )
     entries = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
     assert [e.token for e in entries] == [e.token for e in content]
@@ -238,7 +270,9 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
 
 
 def test_completion_logprobs(client: openai.OpenAI) -> None:
-    got = client.completions.create(model=MODEL, prompt="hello", max_tokens=5, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    got = client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=5, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
     lp = got.choices[0].logprobs
     assert lp is not None and lp.tokens is not None and lp.top_logprobs is not None and lp.text_offset is not None
     assert len(lp.tokens) == 5 and all(len(t) <= 2 for t in lp.top_logprobs)
@@ -310,12 +344,22 @@ def test_metrics(server: BackgroundServer, client: openai.OpenAI, http: httpx.Cl
     client.chat.completions.create(model=MODEL, messages=MESSAGES[0], max_tokens=3)
     text = http.get("/metrics").text
     for name in (
-        "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries_total",
-        "prefix_cache_hits_total", "prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",
-        "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket", "e2e_request_latency_seconds_bucket",
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "num_preemptions_total",
+        "time_to_first_token_seconds_bucket",
+        "inter_token_latency_seconds_bucket",
+        "e2e_request_latency_seconds_bucket",
     ):
         assert f"\nmini_infer:{name}" in text, name
-    generated = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mini_infer:generation_tokens_total"))
+    generated = next(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("mini_infer:generation_tokens_total")
+    )
     stats = on_engine(server, lambda e: e.stats())
     assert generated == stats["generated_tokens"]
     assert httpx.get(server.base_url + "/metrics").status_code == 401  # behind the key like the API

@@ -29,12 +29,30 @@ GOOD_COMPLETION: dict[str, Any] = {"model": MODEL, "prompt": "hi", "max_tokens":
 
 # Values of the wrong type, or out of range, for fields of every type.
 WRONG = ["x", "", -1, 0, -(10**30), 10**30, 1.5, 1e308, -1e308, True, [], {}, [1], {"a": 1}]
-NUMERIC_FIELDS = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "presence_penalty",
-                  "frequency_penalty", "repetition_penalty"]
+NUMERIC_FIELDS = [
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+]
 # Per field, the values above that are valid (and so must not be refused).
 VALID = {
-    "temperature": [0, 1.5], "top_p": [], "top_k": [-1], "min_p": [0], "seed": [0], "presence_penalty": [-1, 0, 1.5],
-    "frequency_penalty": [-1, 0, 1.5], "repetition_penalty": [1.5], "max_tokens": [], "n": [],
+    "temperature": [0, 1.5],
+    "top_p": [],
+    "top_k": [-1],
+    "min_p": [0],
+    "seed": [0],
+    "presence_penalty": [-1, 0, 1.5],
+    "frequency_penalty": [-1, 0, 1.5],
+    "repetition_penalty": [1.5],
+    "max_tokens": [],
+    "n": [],
 }
 
 
@@ -49,20 +67,48 @@ def cases() -> list[tuple[str, str, dict[str, str], bytes]]:
 
     for path, good in ((CHAT, GOOD_CHAT), (COMPLETIONS, GOOD_COMPLETION)):
         # Broken JSON and bodies that are not objects.
-        for raw in [b"", b"{", b"}", b"[]", b"null", b"1", b'"x"', b"{'model': 1}", b'{"model": NaN}', b'{"a": Infinity}',
-                    b'{"a": -Infinity}', b'{"model": "m",}', b'{"model": "m"} trailing', b"[" * 50_000, b'{"a":' * 20_000,
-                    b'{"max_tokens": 1' + b"0" * 5000 + b"}", b'{"temperature": 1e999}', b"\x00\x01\x02", b"\xef\xbb\xbf{}"]:
+        for raw in [
+            b"",
+            b"{",
+            b"}",
+            b"[]",
+            b"null",
+            b"1",
+            b'"x"',
+            b"{'model': 1}",
+            b'{"model": NaN}',
+            b'{"a": Infinity}',
+            b'{"a": -Infinity}',
+            b'{"model": "m",}',
+            b'{"model": "m"} trailing',
+            b"[" * 50_000,
+            b'{"a":' * 20_000,
+            b'{"max_tokens": 1' + b"0" * 5000 + b"}",
+            b'{"temperature": 1e999}',
+            b"\x00\x01\x02",
+            b"\xef\xbb\xbf{}",
+        ]:
             add(f"json {raw[:20]!r}", raw, path)
         # Invalid UTF-8 and lone surrogates.
         for raw in [b'{"model": "\xff"}', b'{"model": "\xc0\xaf"}', b'{"model": "\xed\xa0\x80"}', b'{"x": "\x80\x80"}']:
             add(f"utf8 {raw!r}", raw, path)
-        lone = dict(good, **({"messages": [{"role": "user", "content": "\ud800"}]} if path == CHAT else {"prompt": "a\udfffb"}))
+        lone = dict(
+            good, **({"messages": [{"role": "user", "content": "\ud800"}]} if path == CHAT else {"prompt": "a\udfffb"})
+        )
         add("lone surrogate", json.dumps(lone).encode(), path)
         # Wrong content types.
         body = json.dumps(good).encode()
-        for content_type in ["text/plain", "application/x-www-form-urlencoded", "", "application/json; charset=latin-1",
-                             "multipart/form-data; boundary=x", "application/jsonx"]:
-            out.append((f"content-type {content_type!r}", path, {"Content-Type": content_type} if content_type else {}, body))
+        for content_type in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "",
+            "application/json; charset=latin-1",
+            "multipart/form-data; boundary=x",
+            "application/jsonx",
+        ]:
+            out.append(
+                (f"content-type {content_type!r}", path, {"Content-Type": content_type} if content_type else {}, body)
+            )
         # Wrong types and ranges, field by field.
         for field in NUMERIC_FIELDS:
             for value in WRONG:
@@ -70,12 +116,24 @@ def cases() -> list[tuple[str, str, dict[str, str], bytes]]:
                     continue
                 add(f"{field}={value!r:.30}", dict(good, **{field: value}), path)
         for field, values in {
-            "model": [None, 1, [], "gpt-4"], "stream": ["yes", 1, [], {}], "stop": [1, [1], [""], "", ["a"] * 17, {"a": 1}],
-            "stop_token_ids": ["x", [-1], [10**9], [1.5], [True], 5], "ignore_eos": ["no", 1, 0],
-            "user": [1, [], {}], "stream_options": [{"include_usage": True}, {"x": 1}, "yes"],
-            "logit_bias": [{"1": 5}], "response_format": [{"type": "json_object"}, {"type": "json_schema", "json_schema": {}}],
-            "functions": [[{"name": "f"}]], "audio": [{"voice": "x"}], "suffix": ["x"], "best_of": [5, 0],
-            "echo": [True], "unknown_field": [1], "modalities": [["audio"]], "store": [True], "metadata": [{"a": "b"}],
+            "model": [None, 1, [], "gpt-4"],
+            "stream": ["yes", 1, [], {}],
+            "stop": [1, [1], [""], "", ["a"] * 17, {"a": 1}],
+            "stop_token_ids": ["x", [-1], [10**9], [1.5], [True], 5],
+            "ignore_eos": ["no", 1, 0],
+            "user": [1, [], {}],
+            "stream_options": [{"include_usage": True}, {"x": 1}, "yes"],
+            "logit_bias": [{"1": 5}],
+            "response_format": [{"type": "json_object"}, {"type": "json_schema", "json_schema": {}}],
+            "functions": [[{"name": "f"}]],
+            "audio": [{"voice": "x"}],
+            "suffix": ["x"],
+            "best_of": [5, 0],
+            "echo": [True],
+            "unknown_field": [1],
+            "modalities": [["audio"]],
+            "store": [True],
+            "metadata": [{"a": "b"}],
         }.items():
             for value in values:
                 add(f"{field}={value!r:.30}", dict(good, **{field: value}), path)
@@ -85,32 +143,83 @@ def cases() -> list[tuple[str, str, dict[str, str], bytes]]:
                 add(f"missing {field}", {k: v for k, v in good.items() if k != field}, path)
 
     # Chat-specific: messages and tools.
-    for messages in [[], "hi", [{"content": "hi"}], [{"role": "robot", "content": "hi"}], [{"role": "user"}],
-                     [{"role": "user", "content": 5}], [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
-                     [{"role": "user", "content": "hi", "name": "bob"}], [{"role": "user", "content": "hi", "tool_calls": []}],
-                     [{"role": "tool", "content": "x", "tool_call_id": 5}], [None], [[]], {"role": "user"}]:
+    for messages in [
+        [],
+        "hi",
+        [{"content": "hi"}],
+        [{"role": "robot", "content": "hi"}],
+        [{"role": "user"}],
+        [{"role": "user", "content": 5}],
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        [{"role": "user", "content": "hi", "name": "bob"}],
+        [{"role": "user", "content": "hi", "tool_calls": []}],
+        [{"role": "tool", "content": "x", "tool_call_id": 5}],
+        [None],
+        [[]],
+        {"role": "user"},
+    ]:
         add(f"messages={messages!r:.40}", dict(GOOD_CHAT, messages=messages))
-    for extra in [{"logprobs": "yes"}, {"top_logprobs": 5}, {"logprobs": True, "top_logprobs": 21}, {"logprobs": True, "top_logprobs": -1},
-                  {"max_tokens": 3, "max_completion_tokens": 4}, {"max_completion_tokens": 0}, {"tools": "x"}, {"tools": [{}]},
-                  {"tool_choice": "auto"}, {"tool_choice": "sometimes"}, {"parallel_tool_calls": False},
-                  {"messages": [{"role": "user", "content": "hi " * 3000}]}]:
+    for extra in [
+        {"logprobs": "yes"},
+        {"top_logprobs": 5},
+        {"logprobs": True, "top_logprobs": 21},
+        {"logprobs": True, "top_logprobs": -1},
+        {"max_tokens": 3, "max_completion_tokens": 4},
+        {"max_completion_tokens": 0},
+        {"tools": "x"},
+        {"tools": [{}]},
+        {"tool_choice": "auto"},
+        {"tool_choice": "sometimes"},
+        {"parallel_tool_calls": False},
+        {"messages": [{"role": "user", "content": "hi " * 3000}]},
+    ]:
         add(f"chat {extra!r:.40}", dict(GOOD_CHAT, **extra))
     # Completion-specific: prompts.
-    for prompt in [[], [[]], [-1], [10**9], [1.5], [True], [[1], "x"], [["x"]], None, 5, {"a": 1}, [7] * 3000, [[7] * 2048],
-                   ["a", 1], ""]:
+    for prompt in [
+        [],
+        [[]],
+        [-1],
+        [10**9],
+        [1.5],
+        [True],
+        [[1], "x"],
+        [["x"]],
+        None,
+        5,
+        {"a": 1},
+        [7] * 3000,
+        [[7] * 2048],
+        ["a", 1],
+        "",
+    ]:
         add(f"prompt={prompt!r:.40}", dict(GOOD_COMPLETION, prompt=prompt), COMPLETIONS)
-    for extra in [{"logprobs": 21}, {"logprobs": True}, {"prompt": [[1]] * 100, "n": 2}, {"prompt": [7] * 2000, "max_tokens": 100},
-                  {"max_tokens": 10**9}, {"n": 129}]:
+    for extra in [
+        {"logprobs": 21},
+        {"logprobs": True},
+        {"prompt": [[1]] * 100, "n": 2},
+        {"prompt": [7] * 2000, "max_tokens": 100},
+        {"max_tokens": 10**9},
+        {"n": 129},
+    ]:
         add(f"completion {extra!r:.40}", dict(GOOD_COMPLETION, **extra), COMPLETIONS)
     # Other routes.
     for body in [{"tokens": "x"}, {"tokens": [-1]}, {"tokens": [10**12]}, {}, {"tokens": [1], "model": "other"}]:
         add(f"detokenize {body!r:.30}", body, "/detokenize")
-    for body in [{}, {"prompt": 1}, {"prompt": "a", "messages": []}, {"messages": [{"role": "x"}]}, {"prompt": "a", "tools": []}]:
+    for body in [
+        {},
+        {"prompt": 1},
+        {"prompt": "a", "messages": []},
+        {"messages": [{"role": "x"}]},
+        {"prompt": "a", "tools": []},
+    ]:
         add(f"tokenize {body!r:.30}", body, "/tokenize")
     # Oversized bodies: declared, and actually sent.
     big = json.dumps(dict(GOOD_COMPLETION, prompt="a" * (MAX_BODY + 10))).encode()
     add("oversized", big, COMPLETIONS)
-    add("oversized chat", json.dumps(dict(GOOD_CHAT, messages=[{"role": "user", "content": "b" * (MAX_BODY * 2)}])).encode())
+    add(
+        "oversized chat",
+        json.dumps(dict(GOOD_CHAT, messages=[{"role": "user", "content": "b" * (MAX_BODY * 2)}])).encode(),
+    )
     return out
 
 
@@ -120,7 +229,10 @@ CASES = cases()
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
     config = ServerConfig(
-        model=str(tiny_model_dir), served_model_name=MODEL, max_body_bytes=MAX_BODY, show_progress=False,
+        model=str(tiny_model_dir),
+        served_model_name=MODEL,
+        max_body_bytes=MAX_BODY,
+        show_progress=False,
         engine_kwargs={"dtype": "float32", "num_kv_blocks": 256},
     )
     with BackgroundServer(build_app(config)) as srv:
@@ -154,9 +266,19 @@ def test_hostile_requests_get_4xx_in_the_openai_shape(server: BackgroundServer) 
 
 def test_extreme_but_valid_values_do_not_break_the_engine(server: BackgroundServer) -> None:
     extremes: list[dict[str, Any]] = [
-        {"temperature": 1e-300}, {"temperature": 2}, {"top_p": 1e-300}, {"top_k": 2**31 - 1}, {"top_k": 1}, {"min_p": 1},
-        {"repetition_penalty": 1e-300}, {"repetition_penalty": 10}, {"presence_penalty": -2, "frequency_penalty": 2},
-        {"seed": 2**64 - 1}, {"stop": ["a"] * 16}, {"n": 8, "max_tokens": 1}, {"logprobs": True, "top_logprobs": 20},
+        {"temperature": 1e-300},
+        {"temperature": 2},
+        {"top_p": 1e-300},
+        {"top_k": 2**31 - 1},
+        {"top_k": 1},
+        {"min_p": 1},
+        {"repetition_penalty": 1e-300},
+        {"repetition_penalty": 10},
+        {"presence_penalty": -2, "frequency_penalty": 2},
+        {"seed": 2**64 - 1},
+        {"stop": ["a"] * 16},
+        {"n": 8, "max_tokens": 1},
+        {"logprobs": True, "top_logprobs": 20},
     ]
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         for extra in extremes:
@@ -177,7 +299,9 @@ def test_body_limits_without_content_length(server: BackgroundServer) -> None:
         response = client.post(COMPLETIONS, content=chunks(), headers={"Content-Type": "application/json"})
         assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
         # A declared length over the limit is refused before the body is read.
-        response = client.post(COMPLETIONS, content=b"{}", headers={"Content-Type": "application/json", "Content-Length": "2"})
+        response = client.post(
+            COMPLETIONS, content=b"{}", headers={"Content-Type": "application/json", "Content-Length": "2"}
+        )
         assert response.status_code == 400
 
 
@@ -185,7 +309,8 @@ def test_lying_content_length_is_refused(server: BackgroundServer) -> None:
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {MAX_BODY * 100}\r\n\r\n".encode() + b"{}"
+            + f"Content-Length: {MAX_BODY * 100}\r\n\r\n".encode()
+            + b"{}"
         )
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:100]

@@ -20,7 +20,8 @@ import httpx
 import openai
 import pytest
 
-from mini_infer.engine import EngineConfig, LLMEngine
+from mini_infer.engine import LLMEngine
+from mini_infer.engine_builder import EngineConfig, build_engine
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
 from mini_infer.server import cli as server_cli
 
@@ -41,10 +42,15 @@ def test_503_while_loading_then_ready(tiny_model_dir: Path) -> None:
 
     def slow_factory() -> LLMEngine:
         assert release.wait(timeout=60)
-        return LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False))
+        return build_engine(
+            EngineConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
+        )
 
     config = ServerConfig(model=str(tiny_model_dir), served_model_name=MODEL, show_progress=False)
-    with BackgroundServer(build_app(config, engine_factory=slow_factory)) as server, httpx.Client(base_url=server.base_url) as http:
+    with (
+        BackgroundServer(build_app(config, engine_factory=slow_factory)) as server,
+        httpx.Client(base_url=server.base_url) as http,
+    ):
         response = http.get("/health")
         assert response.status_code == 503 and "loading" in error_of(response)["message"]
         response = http.post("/v1/chat/completions", json=CHAT)
@@ -62,7 +68,9 @@ def fragile_server(tiny_model_dir: Path) -> Iterator[tuple[BackgroundServer, thr
     broken = threading.Event()
 
     def factory() -> LLMEngine:
-        engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=256, show_progress=False))
+        engine = build_engine(
+            EngineConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=256, show_progress=False)
+        )
         step = engine.step
 
         def failing_step() -> Any:
@@ -79,7 +87,9 @@ def fragile_server(tiny_model_dir: Path) -> Iterator[tuple[BackgroundServer, thr
         yield server, broken
 
 
-def test_engine_death_fails_waiting_requests_and_marks_the_server_dead(fragile_server: tuple[BackgroundServer, threading.Event]) -> None:
+def test_engine_death_fails_waiting_requests_and_marks_the_server_dead(
+    fragile_server: tuple[BackgroundServer, threading.Event],
+) -> None:
     server, broken = fragile_server
     long = {"model": MODEL, "prompt": "hello", "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(base_url=server.base_url, timeout=30) as http, ThreadPoolExecutor(1) as pool:
@@ -128,6 +138,12 @@ def test_serve_arguments() -> None:
     parser = argparse.ArgumentParser()
     server_cli.add_arguments(parser)
     args = parser.parse_args([])
-    assert (args.model, args.host, args.port, args.api_key, args.served_model_name) == ("tiny", "127.0.0.1", 8000, None, None)
+    assert (args.model, args.host, args.port, args.api_key, args.served_model_name) == (
+        "tiny",
+        "127.0.0.1",
+        8000,
+        None,
+        None,
+    )
     args = parser.parse_args(["--max-body-bytes", "0"])
     assert server_cli.main(args) == 2

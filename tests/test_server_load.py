@@ -42,7 +42,10 @@ def test_64_concurrent_streams_all_get_their_greedy_answer(server: BackgroundSer
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(4, 40))] for _ in range(16)] * 4
     llm = LLM(str(tiny_model_dir), show_progress=False, **ENGINE)
-    expected = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)]
+    expected = [
+        o.text
+        for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)
+    ]
     on_engine(server, lambda e: setattr(e, "step_log", []))
 
     async def one(client: openai.AsyncOpenAI, prompt: list[int]) -> tuple[str, str | None, int]:

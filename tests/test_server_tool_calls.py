@@ -20,8 +20,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mini_infer.engine import EngineConfig, LLMEngine
-from mini_infer.sampling import SamplerOutput
+from mini_infer.engine import LLMEngine
+from mini_infer.engine_builder import EngineConfig, build_engine
+from mini_infer.sampling import Sampler, SamplerOutput
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
 from mini_infer.server.tool_calls import ToolCallParser
 from mini_infer.tokenizer import Tokenizer
@@ -38,7 +39,9 @@ WEATHER = {
     },
 }
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
-CALL_TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
+CALL_TEXT = (
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
+)
 TWO_CALLS = CALL_TEXT + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 FORCED_REST = '{"city": "Oslo"}}\n</tool_call>'  # what follows the forced start of a named call
 SCRIPTS = {101: CALL_TEXT, 102: TWO_CALLS, 103: FORCED_REST, 104: "It is sunny."}
@@ -93,20 +96,34 @@ def test_parser_reads_calls_and_content() -> None:
 def test_parser_edge_cases(text: str, content: str, calls: list[tuple[str, Any]]) -> None:
     parser = parse_whole(text)
     assert parser.content == content
-    got = [(c.name, json.loads(c.arguments) if isinstance(calls and calls[0][1], dict) else c.arguments) for c in parser.tool_calls]
+    got = [
+        (c.name, json.loads(c.arguments) if isinstance(calls and calls[0][1], dict) else c.arguments)
+        for c in parser.tool_calls
+    ]
     assert got == calls
 
 
 @settings(max_examples=60, deadline=None)
-@given(text=st.sampled_from([CALL_TEXT, TWO_CALLS, "plain <tool_call>garbage</tool_call> text", 'x<tool_call>{"name": "f", "arguments": {"a": 1']),
-       cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=30))
+@given(
+    text=st.sampled_from(
+        [
+            CALL_TEXT,
+            TWO_CALLS,
+            "plain <tool_call>garbage</tool_call> text",
+            'x<tool_call>{"name": "f", "arguments": {"a": 1',
+        ]
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=30),
+)
 def test_streamed_pieces_give_what_the_whole_text_gives(text: str, cuts: list[int]) -> None:
     bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
     whole = parse_whole(text)
     content, calls = parse_pieces(pieces)
     assert content == whole.content
-    assert [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)] == [(c.name, c.arguments) for c in whole.tool_calls]
+    assert [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)] == [
+        (c.name, c.arguments) for c in whole.tool_calls
+    ]
 
 
 def test_streamed_arguments_arrive_before_the_block_closes() -> None:
@@ -123,15 +140,16 @@ def test_streamed_arguments_arrive_before_the_block_closes() -> None:
 # ------------------------------------------------------------------------------------ end to end
 
 
-class ScriptedSampler:
+class ScriptedSampler(Sampler):
     """The engine's sampler, but a request whose seed is in SCRIPTS gets its script's tokens."""
 
-    def __init__(self, inner: Any, scripts: dict[int, list[int]], eos: int) -> None:
-        self.inner, self.scripts, self.eos = inner, scripts, eos
+    def __init__(self, scripts: dict[int, list[int]], eos: int) -> None:
+        super().__init__(seed=0)
+        self.scripts, self.eos = scripts, eos
         self.position: dict[int, int] = {}
 
-    def __call__(self, logits: torch.Tensor, params_list: list[Any], *args: Any, **kwargs: Any) -> SamplerOutput:
-        out = self.inner(logits, params_list, *args, **kwargs)
+    def __call__(self, logits: torch.Tensor, params_list: Any, *args: Any, **kwargs: Any) -> SamplerOutput:
+        out = super().__call__(logits, params_list, *args, **kwargs)
         tokens = out.token_ids.tolist()
         for row, params in enumerate(params_list):
             script = self.scripts.get(params.seed) if params.seed is not None else None
@@ -146,11 +164,13 @@ class ScriptedSampler:
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
     def factory() -> LLMEngine:
-        engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=128, show_progress=False))
+        engine = build_engine(
+            EngineConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=128, show_progress=False)
+        )
         tokenizer: Tokenizer = engine.tokenizer
         eos = tokenizer.hf.convert_tokens_to_ids("<|im_end|>")
         scripts = {seed: tokenizer.encode(text) + [eos] for seed, text in SCRIPTS.items()}
-        engine.sampler = ScriptedSampler(engine.sampler, scripts, eos)
+        engine.sampler = ScriptedSampler(scripts, eos)
         return engine
 
     config = ServerConfig(model=str(tiny_model_dir), served_model_name=MODEL, show_progress=False)
@@ -191,7 +211,11 @@ def test_tool_calls_non_streaming(server: BackgroundServer, client: openai.OpenA
 
 def test_tool_calls_streaming(server: BackgroundServer, client: openai.OpenAI) -> None:
     reset_script(server, 101)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], seed=101, max_tokens=300, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[WEATHER], seed=101, max_tokens=300, stream=True
+        )
+    )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls: dict[int, dict[str, str]] = {}
     for chunk in chunks:
@@ -214,7 +238,11 @@ def test_named_tool_choice_forces_the_call(server: BackgroundServer, client: ope
     for stream in (False, True):
         reset_script(server, 103)
         kwargs: dict[str, Any] = {
-            "model": MODEL, "messages": ASK, "tools": [WEATHER, TIME], "seed": 103, "max_tokens": 100,
+            "model": MODEL,
+            "messages": ASK,
+            "tools": [WEATHER, TIME],
+            "seed": 103,
+            "max_tokens": 100,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         }
         if not stream:
@@ -229,7 +257,11 @@ def test_named_tool_choice_forces_the_call(server: BackgroundServer, client: ope
             assert first.role == "assistant" and first.tool_calls and first.tool_calls[0].function
             name = first.tool_calls[0].function.name or ""
             arguments = "".join(
-                d.function.arguments or "" for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or [] if d.function
+                d.function.arguments or ""
+                for c in chunks
+                if c.choices
+                for d in c.choices[0].delta.tool_calls or []
+                if d.function
             )
         assert name == "get_weather" and json.loads(arguments) == {"city": "Oslo"}
 
@@ -253,7 +285,11 @@ def test_tool_history_round_trip(server: BackgroundServer, client: openai.OpenAI
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], seed=101, max_tokens=300)
     message = first.choices[0].message
     assert message.tool_calls
-    history: list[Any] = [*ASK, message, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": '{"temp": 21}'}]
+    history: list[Any] = [
+        *ASK,
+        message,
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": '{"temp": 21}'},
+    ]
     reply = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=3)
     assert reply.choices[0].message.role == "assistant"
 
@@ -270,7 +306,9 @@ def test_tool_history_round_trip(server: BackgroundServer, client: openai.OpenAI
         ({"functions": [{"name": "f"}]}, "functions"),
     ],
 )
-def test_tool_requests_we_cannot_honour_are_refused(server: BackgroundServer, extra: dict[str, Any], param: str | None) -> None:
+def test_tool_requests_we_cannot_honour_are_refused(
+    server: BackgroundServer, extra: dict[str, Any], param: str | None
+) -> None:
     body = {"model": MODEL, "messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 2, **extra}
     response = httpx.post(server.base_url + "/v1/chat/completions", json=body)
     assert response.status_code == 400, response.text

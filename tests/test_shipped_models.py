@@ -25,8 +25,16 @@ SHIPPED = ("tiny", "tiny-draft")
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_model_has_weights_tokenizer_and_card(name):
     path = resolve_model(name)
-    for file in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                 "tokenizer_config.json", "README.md", "training_log.jsonl", "eval_results.json"):
+    for file in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "training_log.jsonl",
+        "eval_results.json",
+    ):
         assert (path / file).is_file(), f"{name} lacks {file}"
     card = (path / "README.md").read_text()
     assert "license: apache-2.0" in card and "## Evaluation" in card and "## Training" in card
@@ -42,7 +50,10 @@ def test_draft_shares_the_target_tokenizer_and_vocabulary():
     assert (target / "tokenizer.json").read_text() == (draft / "tokenizer.json").read_text()
     configs = [json.loads((p / "config.json").read_text()) for p in (target, draft)]
     assert configs[0]["vocab_size"] == configs[1]["vocab_size"]
-    params = [sum(t.numel() for t in Qwen2Model.from_pretrained(p, torch.float32, show_progress=False).parameters()) for p in (target, draft)]
+    params = [
+        sum(t.numel() for t in Qwen2Model.from_pretrained(p, torch.float32, show_progress=False).parameters())
+        for p in (target, draft)
+    ]
     assert 0.15 <= params[1] / params[0] <= 0.4, params  # "about a quarter of its size"
 
 
@@ -51,7 +62,9 @@ def test_logits_equal_transformers_on_a_chat(name):
     path = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
     chat = [{"role": "user", "content": "What is 34 + 57?"}]
-    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+        "input_ids"
+    ]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ours = Qwen2Model.from_pretrained(path, torch.float32, show_progress=False)
     with torch.inference_mode():

@@ -8,24 +8,25 @@ import torch
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.config import ModelConfig
-from mini_infer.speculative import accepted_prefix, rejection_sample, verify_greedy
+from mini_infer.greedy import accepted_prefix
+from mini_infer.speculative import rejection_sample
 from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 
 MAX_TOKENS = 24
 
 
 # ------------------------------------------------------------------ the rules, on their own
-def test_verify_greedy_keeps_the_agreeing_prefix_and_one_more():
-    assert verify_greedy([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]  # all kept, plus the bonus
-    assert verify_greedy([5, 9, 7, 8], [5, 6, 7]) == [5, 9]  # first disagreement: the target's token
-    assert verify_greedy([4, 6, 7, 8], [5, 6, 7]) == [4]
-    assert verify_greedy([3], []) == [3]
+def test_greedy_verification_keeps_the_agreeing_prefix_and_one_more():
+    assert accepted_prefix([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]  # all kept, plus the bonus
+    assert accepted_prefix([5, 9, 7, 8], [5, 6, 7]) == [5, 9]  # first disagreement: the target's token
+    assert accepted_prefix([4, 6, 7, 8], [5, 6, 7]) == [4]
+    assert accepted_prefix([3], []) == [3]  # no guesses: plain decoding
 
 
 def test_accepted_prefix_stops_at_the_first_rejection():
-    assert accepted_prefix([True, False, True, False], [10, 11, 12, 13], [1, 2, 3]) == [1, 11]
-    assert accepted_prefix([True, True, True, False], [10, 11, 12, 13], [1, 2, 3]) == [1, 2, 3, 13]
-    assert accepted_prefix([False, True, True, False], [10, 11, 12, 13], [1, 2, 3]) == [10]
+    assert accepted_prefix([10, 11, 12, 13], [1, 2, 3], [True, False, True, False]) == [1, 11]
+    assert accepted_prefix([10, 11, 12, 13], [1, 2, 3], [True, True, True, False]) == [1, 2, 3, 13]
+    assert accepted_prefix([10, 11, 12, 13], [1, 2, 3], [False, True, True, False]) == [10]
 
 
 def _distribution_cases():
@@ -69,7 +70,10 @@ def test_a_bonus_row_is_drawn_from_the_target():
     n = 30_000
     g = torch.Generator().manual_seed(2)
     accepted, recovered = rejection_sample(
-        p.expand(n, 3).contiguous(), torch.zeros(n, 3), torch.zeros(n, dtype=torch.long), torch.rand(n, generator=g),
+        p.expand(n, 3).contiguous(),
+        torch.zeros(n, 3),
+        torch.zeros(n, dtype=torch.long),
+        torch.rand(n, generator=g),
         torch.empty(n, 3).exponential_(generator=g),
     )
     assert not accepted.any()
@@ -138,7 +142,9 @@ def test_seeded_sampling_with_a_draft_does_not_depend_on_the_batch(case):
     alone = LLM(str(target), dtype="float32", draft_model=str(draft), num_kv_blocks=512, show_progress=False)
     expected = alone.generate([prompts[3]], seeded, use_tqdm=False)[0].token_ids
     busy = LLM(str(target), dtype="float32", draft_model=str(draft), num_kv_blocks=512, show_progress=False)
-    outs = busy.generate(prompts[:3] + [prompts[3]] + prompts[4:8], [others] * 3 + [seeded] + [others] * 4, use_tqdm=False)
+    outs = busy.generate(
+        prompts[:3] + [prompts[3]] + prompts[4:8], [others] * 3 + [seeded] + [others] * 4, use_tqdm=False
+    )
     assert outs[3].token_ids == expected
     assert len(expected) == MAX_TOKENS
 
@@ -159,7 +165,9 @@ def test_stops_inside_an_accepted_draft(model_dirs):
         cases.append(SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, stop=[text[3:6]], ignore_eos=True))
     for params in cases:
         want = plain.generate(prompts, params, use_tqdm=False)
-        got = spec.generate(prompts, params, use_tqdm=False)
+        # Stepped by hand: after every step no sequence counts more computed tokens than it has,
+        # though the target computed the K/V of guesses that a stop then cut.
+        got = run_checked(spec.engine, prompts, params)
         assert [(o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in got] == [
             (o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in want
         ], params
@@ -198,7 +206,9 @@ def test_requests_with_logprobs_or_penalties_are_served_without_drafts(case):
 
 def test_tiny_pair_greedy_answers_unchanged():
     """The shipped pair: the draft changes how fast, never what the chat model answers."""
-    prompts = [[{"role": "user", "content": q}] for q in ("What is 12 + 30?", "What is the capital of Egypt?", "Spell cat")]
+    prompts = [
+        [{"role": "user", "content": q}] for q in ("What is 12 + 30?", "What is the capital of Egypt?", "Spell cat")
+    ]
     params = SamplingParams(max_tokens=32, temperature=0.0)
     plain = LLM("tiny", show_progress=False).chat(prompts, params)
     spec = LLM("tiny", draft_model="tiny-draft", show_progress=False)
@@ -212,7 +222,9 @@ def test_bad_draft_settings_are_refused(model_dirs):
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(target, dtype="float32", draft_model=str(model_dirs["untied-gqa4"]), num_kv_blocks=64, show_progress=False)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        LLM(target, dtype="float32", draft_model=target, num_speculative_tokens=0, num_kv_blocks=64, show_progress=False)
+        LLM(
+            target, dtype="float32", draft_model=target, num_speculative_tokens=0, num_kv_blocks=64, show_progress=False
+        )
     with pytest.raises(ValueError, match="without a draft model"):
         LLM(target, dtype="float32", num_speculative_tokens=6, num_kv_blocks=64, show_progress=False)
 
@@ -224,7 +236,16 @@ def test_draft_slots_only_take_what_prompts_and_decodes_leave():
     from mini_infer.scheduler import Scheduler
     from mini_infer.sequence import Sequence
 
-    scheduler = Scheduler(BlockPool(64, 16), max_num_batched_tokens=7, max_num_seqs=8, max_model_len=256, num_speculative_tokens=4)
+    class FourGuesses:
+        def num_draft_slots(self, seq):
+            return 4
+
+        def num_cacheable_tokens(self, seq):
+            return seq.num_computed_tokens
+
+    scheduler = Scheduler(
+        BlockPool(64, 16), max_num_batched_tokens=7, max_num_seqs=8, max_model_len=256, speculation=FourGuesses()
+    )
     seqs = [Sequence(str(i), [1, 2, 3], SamplingParams(max_tokens=50, temperature=0.0), arrival=i) for i in range(5)]
     for seq in seqs:
         scheduler.add(seq)
@@ -232,12 +253,12 @@ def test_draft_slots_only_take_what_prompts_and_decodes_leave():
     for step in range(12):
         out = scheduler.schedule()
         if step < 2:  # 15 prompt tokens: two full steps of prefill (and decodes), no drafts
-            assert out.num_tokens == 7 and not any(item.num_speculative_tokens for item in out.scheduled)
+            assert out.num_tokens == 7 and not any(item.num_draft_tokens for item in out.scheduled)
         if all(not s.is_prefilling for s in seqs) and all(s in scheduler.running for s in seqs):
             assert sorted(item.seq.request_id for item in out.scheduled) == [s.request_id for s in seqs]
-            assert out.num_tokens == 7 and sum(item.num_speculative_tokens for item in out.scheduled) == 2
+            assert out.num_tokens == 7 and sum(item.num_draft_tokens for item in out.scheduled) == 2
             checked += 1
-        scheduler.update(out.scheduled, [[0] if item.samples else None for item in out.scheduled])
+        scheduler.update(out.scheduled, [[0] if item.samples else [] for item in out.scheduled])
         scheduler.check_invariants()
     assert checked >= 5
 
@@ -269,14 +290,28 @@ def test_a_draft_whose_vocabulary_is_padded_differently(tmp_path):
     from mini_infer.offline_models import write_random_model
 
     def model(name: str, tokenizer_vocab_size: int = 300, **overrides):
-        return str(write_random_model(tmp_path / name, "tiny-test", seed=1, dtype="float32", init_std=0.1,
-                                      tokenizer_vocab_size=tokenizer_vocab_size, **overrides))
+        return str(
+            write_random_model(
+                tmp_path / name,
+                "tiny-test",
+                seed=1,
+                dtype="float32",
+                init_std=0.1,
+                tokenizer_vocab_size=tokenizer_vocab_size,
+                **overrides,
+            )
+        )
 
     target = model("target")  # 512 rows
     prompts = _prompts(300, n=6, seed=4)
-    want = LLM(target, dtype="float32", num_kv_blocks=128, show_progress=False).generate(prompts, GREEDY, use_tqdm=False)
+    want = LLM(target, dtype="float32", num_kv_blocks=128, show_progress=False).generate(
+        prompts, GREEDY, use_tqdm=False
+    )
     sampled = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
-    for draft in (model("wider", vocab_size=640, num_hidden_layers=1), model("narrower", vocab_size=384, num_hidden_layers=1)):
+    for draft in (
+        model("wider", vocab_size=640, num_hidden_layers=1),
+        model("narrower", vocab_size=384, num_hidden_layers=1),
+    ):
         llm = LLM(target, dtype="float32", num_kv_blocks=128, draft_model=draft, show_progress=False)
         got = llm.generate(prompts, GREEDY, use_tqdm=False)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]

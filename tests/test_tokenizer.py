@@ -58,7 +58,11 @@ def test_chat_template_with_tools_and_tool_results(tokenizer):
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Add 2 and 3."},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}],
+        },
         {"role": "tool", "content": "5"},
     ]
     prompt = tokenizer.apply_chat_template(messages, tools=tools)

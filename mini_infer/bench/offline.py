@@ -1,6 +1,6 @@
-"""``mini-infer bench offline``: the engine against Hugging Face and the roofline (chapter 06).
+"""``mini-infer bench offline``: the engine against Hugging Face and the roofline (chapter 12; read in chapter 06).
 
-Workloads (../shared/BENCHMARKS.md), on a random-weight model at a real Qwen2.5 shape (speed
+Workloads, on a random-weight model at a real Qwen2.5 shape (speed
 does not depend on the weights' values), every figure beside its baseline from the same run:
 
 * **throughput**: N prompts with input lengths uniform in [lo, hi], a fixed number of output
@@ -18,7 +18,6 @@ Each timing is the median of ``--repeats`` runs after a warm-up.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -28,26 +27,17 @@ from typing import Any
 
 import torch
 
+from mini_infer.bench.common import add_random_prompt_arguments, random_prompts, write_results
 from mini_infer.bench.roofline import Roofline, measure, median_roofline
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
-from mini_infer.sampling import SamplingParams
-
-DEFAULT_CACHE = Path.home() / ".cache" / "mini-infer" / "random-models"
-
-
-def random_model_dir(shape: str, dtype: str, cache_dir: Path = DEFAULT_CACHE) -> Path:
-    """A random-weight model at ``shape``, written once and reused."""
-    from mini_infer.offline_models import write_random_model
-
-    path = cache_dir / f"{shape}-{dtype}"
-    if not (path / "config.json").is_file():
-        print(f"writing a random-weight {shape} model to {path} (once)")
-        write_random_model(path, shape, seed=0, dtype=dtype)
-    return path
+from mini_infer.offline_models import random_model_dir
+from mini_infer.sampling_params import SamplingParams
 
 
-def _median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None], after_each: Callable[[], Any] | None = None) -> float:
+def _median_time(
+    fn: Callable[[], Any], repeats: int, sync: Callable[[], None], after_each: Callable[[], Any] | None = None
+) -> float:
     times = []
     for _ in range(repeats):
         sync()
@@ -67,7 +57,6 @@ class Bench:
         self.dtype = resolve_dtype(args.dtype, self.device)
         dtype_name = str(self.dtype).removeprefix("torch.")
         self.model_dir = Path(args.model) if args.model else random_model_dir(args.shape, dtype_name)
-        rng = random.Random(args.seed)
         self.llm = LLM(
             str(self.model_dir),
             dtype=self.dtype,
@@ -79,8 +68,7 @@ class Bench:
         )
         config = self.llm.engine.model_config
         self.config = config
-        lo, hi = args.input_len
-        self.prompts = [[rng.randrange(config.vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(args.num_prompts)]
+        self.prompts = random_prompts(config.vocab_size, args.num_prompts, args.input_len, args.seed)
         self._hf: Any = None
         self.roofline_readings: list[Roofline] = []
         self.results: dict[str, Any] = {
@@ -136,7 +124,9 @@ class Bench:
         engine.step_log = []
         # The roofline is read again after every timed run: the run is judged against the
         # median of readings spread through it, not against one moment of a drifting machine.
-        ours_s = _median_time(lambda: self.ours(self.prompts, out_len), a.repeats, self.sync, after_each=self.read_roofline)
+        ours_s = _median_time(
+            lambda: self.ours(self.prompts, out_len), a.repeats, self.sync, after_each=self.read_roofline
+        )
         steps = engine.step_log[: len(engine.step_log) // max(a.repeats, 1)]
         engine.step_log = None
         tokens = out_len * len(self.prompts)
@@ -151,16 +141,26 @@ class Bench:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
 
         def floor_s(roofline: Roofline) -> float:
-            return sum(roofline.step_floor_seconds(self.config, s.num_tokens, s.num_logits, s.attended_tokens // max(s.num_tokens, 1), itemsize) for s in steps)
+            return sum(
+                roofline.step_floor_seconds(
+                    self.config, s.num_tokens, s.num_logits, s.attended_tokens // max(s.num_tokens, 1), itemsize
+                )
+                for s in steps
+            )
 
         floor = floor_s(median_roofline(self.roofline_readings))
-        fastest = Roofline(max(r.bandwidth_bytes_per_s for r in self.roofline_readings), max(r.peak_flops for r in self.roofline_readings))
+        fastest = Roofline(
+            max(r.bandwidth_bytes_per_s for r in self.roofline_readings),
+            max(r.peak_flops for r in self.roofline_readings),
+        )
         result["roofline_floor_s"] = floor
         result["fraction_of_roofline"] = floor / ours_s
         result["fraction_of_fastest_roofline_reading"] = floor_s(fastest) / ours_s
         if not a.skip_hf:
             self.hf_generate(self.prompts[:2], 4, 2)  # warm-up
-            hf_s = _median_time(lambda: self.hf_generate(self.prompts, out_len, a.hf_batch_size), a.hf_repeats, self.sync)
+            hf_s = _median_time(
+                lambda: self.hf_generate(self.prompts, out_len, a.hf_batch_size), a.hf_repeats, self.sync
+            )
             result.update({"hf_s": hf_s, "hf_tok_s": tokens / hf_s, "speedup_vs_hf": hf_s / ours_s})
         return result
 
@@ -215,7 +215,9 @@ def roofline_summary(readings: list[Roofline]) -> dict[str, Any]:
     return {
         "bandwidth_GB_s": median.bandwidth_bytes_per_s / 1e9,
         "peak_TFLOP_s": median.peak_flops / 1e12,
-        "readings": [{"bandwidth_GB_s": r.bandwidth_bytes_per_s / 1e9, "peak_TFLOP_s": r.peak_flops / 1e12} for r in readings],
+        "readings": [
+            {"bandwidth_GB_s": r.bandwidth_bytes_per_s / 1e9, "peak_TFLOP_s": r.peak_flops / 1e12} for r in readings
+        ],
     }
 
 
@@ -247,10 +249,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", default="qwen2.5-0.5b", help="named shape of the random model")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--workloads", default="throughput,decode,prefill", help="comma-separated: throughput, decode, prefill, roofline")
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, nargs=2, default=[64, 512], metavar=("LO", "HI"))
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument(
+        "--workloads",
+        default="throughput,decode,prefill",
+        help="comma-separated: throughput, decode, prefill, roofline",
+    )
+    add_random_prompt_arguments(parser, num_prompts=64, input_len=(64, 512), output_len=128)
     parser.add_argument("--decode-len", type=int, default=128)
     parser.add_argument("--prefill-len", type=int, default=2048)
     parser.add_argument("--hf-batch-size", type=int, default=16)
@@ -266,6 +270,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     results = Bench(args).run()
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
+        write_results(args.json, results)
     return 0

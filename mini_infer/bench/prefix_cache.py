@@ -1,4 +1,4 @@
-"""``python -m mini_infer.bench.prefix_cache``: what the radix prefix cache saves (chapter 08).
+"""``python -m mini_infer.bench.prefix_cache``: what the radix prefix cache saves (chapter 12; read in chapter 08).
 
 Workload (SGLang's shared-prefix benchmark, scaled down for a CPU): ``--groups`` groups of
 ``--prompts-per-group`` prompts; the prompts of one group start with the same system prompt of
@@ -32,7 +32,6 @@ when the cache changes how a prompt is cut into chunks).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -44,14 +43,24 @@ from typing import Any
 
 import torch
 
-from mini_infer.bench.offline import random_model_dir
+from mini_infer.bench.common import run_script, write_results
 from mini_infer.config import ModelConfig
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.kv.block_pool import num_blocks_for
+from mini_infer.kv.radix_cache import RadixCache
 from mini_infer.llm import LLM
-from mini_infer.sampling import SamplingParams
+from mini_infer.offline_models import random_model_dir
+from mini_infer.sampling_params import SamplingParams
 
-__all__ = ["RunResult", "add_arguments", "common_prefix_len", "main", "run", "shareable_tokens", "shared_prefix_workload"]
+__all__ = [
+    "RunResult",
+    "add_arguments",
+    "common_prefix_len",
+    "main",
+    "run",
+    "shareable_tokens",
+    "shared_prefix_workload",
+]
 
 
 def shared_prefix_workload(
@@ -108,7 +117,7 @@ class RunResult:
 def run_once(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> RunResult:
     """Submit every prompt at once and step the engine to the end, from an empty cache."""
     engine = llm.engine
-    if engine.prefix_cache is not None:
+    if isinstance(engine.prefix_cache, RadixCache):
         engine.prefix_cache.reset()
     before = engine.stats()
     synchronize(engine.device)
@@ -139,8 +148,12 @@ def run_once(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> RunR
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="a model directory (default: random weights at --shape)")
-    parser.add_argument("--shape", default="small-test", help="named shape of the random model (e.g. small-test, qwen2.5-0.5b)")
-    parser.add_argument("--dtype", default="float32", help="float32 (outputs must match exactly), bfloat16, float16 or auto")
+    parser.add_argument(
+        "--shape", default="small-test", help="named shape of the random model (e.g. small-test, qwen2.5-0.5b)"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", help="float32 (outputs must match exactly), bfloat16, float16 or auto"
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--prompts-per-group", type=int, default=8)
@@ -149,8 +162,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per prompt")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting (median), cache on and off interleaved")
-    parser.add_argument("--min-hit-fraction", type=float, default=0.8, help="exit 1 below this fraction of the shareable tokens")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per setting (median), cache on and off interleaved"
+    )
+    parser.add_argument(
+        "--min-hit-fraction", type=float, default=0.8, help="exit 1 below this fraction of the shareable tokens"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
 
@@ -186,7 +203,9 @@ def run(args: argparse.Namespace) -> int:
         )
 
     vocab = ModelConfig.from_model_dir(model_dir).vocab_size
-    prompts, group_of = shared_prefix_workload(vocab, args.groups, args.prompts_per_group, args.system_len, (lo, hi), args.seed)
+    prompts, group_of = shared_prefix_workload(
+        vocab, args.groups, args.prompts_per_group, args.system_len, (lo, hi), args.seed
+    )
     # Room for every request at once, so that neither setting evicts or preempts.
     num_blocks = sum(num_blocks_for(len(p) + args.max_tokens, args.block_size) for p in prompts)
     off = make_llm(False, num_blocks)
@@ -223,21 +242,38 @@ def run(args: argparse.Namespace) -> int:
     prefill_on, prefill_on_runs = _seconds(runs["on"], "prefill_s")
     total_off, total_off_runs = _seconds(runs["off"], "total_s")
     total_on, total_on_runs = _seconds(runs["on"], "total_s")
-    per_place = [statistics.mean(first_on.hits_per_request[k :: args.prompts_per_group]) for k in range(args.prompts_per_group)]
+    per_place = [
+        statistics.mean(first_on.hits_per_request[k :: args.prompts_per_group]) for k in range(args.prompts_per_group)
+    ]
 
     hit_ok = hit_fraction >= args.min_hit_fraction and consistent
     rows = [
         ("prompt tokens", f"{prompt_tokens:,}"),
         ("shareable tokens", f"{total_shareable:,}  (whole blocks shared with an earlier prompt of the group)"),
         ("prefix-cache hit tokens", f"{hit:,}" + ("" if consistent else "  (CHANGED between runs)")),
-        ("hit fraction", f"{100 * hit_fraction:.1f}% of the shareable tokens  (>= {100 * args.min_hit_fraction:.0f}%: {'PASS' if hit_ok else 'FAIL'})"),
+        (
+            "hit fraction",
+            f"{100 * hit_fraction:.1f}% of the shareable tokens  (>= {100 * args.min_hit_fraction:.0f}%: {'PASS' if hit_ok else 'FAIL'})",
+        ),
         ("hits by place in group", ", ".join(f"{h:.0f}" for h in per_place) + "  (tokens, mean over groups)"),
-        ("prompt tokens computed", f"{prompt_tokens:,} off, {prompt_tokens - hit:,} on  ({prompt_tokens / max(prompt_tokens - hit, 1):.2f}x fewer)"),
+        (
+            "prompt tokens computed",
+            f"{prompt_tokens:,} off, {prompt_tokens - hit:,} on  ({prompt_tokens / max(prompt_tokens - hit, 1):.2f}x fewer)",
+        ),
         ("engine steps", f"{first_off.steps} off, {first_on.steps} on"),
         ("preemptions", f"{first_off.preemptions} off, {first_on.preemptions} on"),
-        ("prefill (last 1st token)", f"{prefill_off:.2f} s off, {prefill_on:.2f} s on: {prefill_off / prefill_on:.2f}x faster  (runs: off {prefill_off_runs}; on {prefill_on_runs})"),
-        ("total", f"{total_off:.2f} s off, {total_on:.2f} s on: {total_off / total_on:.2f}x faster  (runs: off {total_off_runs}; on {total_on_runs})"),
-        ("outputs equal (greedy)", f"{'yes' if outputs_equal else 'NO'}  ({len(prompts) - mismatched} of {len(prompts)} requests identical)"),
+        (
+            "prefill (last 1st token)",
+            f"{prefill_off:.2f} s off, {prefill_on:.2f} s on: {prefill_off / prefill_on:.2f}x faster  (runs: off {prefill_off_runs}; on {prefill_on_runs})",
+        ),
+        (
+            "total",
+            f"{total_off:.2f} s off, {total_on:.2f} s on: {total_off / total_on:.2f}x faster  (runs: off {total_off_runs}; on {total_on_runs})",
+        ),
+        (
+            "outputs equal (greedy)",
+            f"{'yes' if outputs_equal else 'NO'}  ({len(prompts) - mismatched} of {len(prompts)} requests identical)",
+        ),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
@@ -259,15 +295,12 @@ def run(args: argparse.Namespace) -> int:
             "outputs_equal": outputs_equal,
             "runs": {k: [{f: v for f, v in asdict(r).items() if f != "outputs"} for r in rs] for k, rs in runs.items()},
         }
-        Path(args.json).write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
+        write_results(args.json, results)
     return 0 if hit_ok and outputs_equal else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mini_infer.bench.prefix_cache", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_script("python -m mini_infer.bench.prefix_cache", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The machine's roofline, measured in the same run as the benchmark it judges (chapter 06).
+"""The machine's roofline, measured in the same run as the benchmark it judges (chapter 12; read in chapter 06).
 
 Two numbers bound any step of the engine from below:
 
@@ -33,7 +33,9 @@ class Roofline:
     bandwidth_bytes_per_s: float
     peak_flops: float
 
-    def step_floor_seconds(self, config: ModelConfig, num_tokens: int, num_logits: int, context_tokens: int, itemsize: int) -> float:
+    def step_floor_seconds(
+        self, config: ModelConfig, num_tokens: int, num_logits: int, context_tokens: int, itemsize: int
+    ) -> float:
         """Lower bound for one engine step computing ``num_tokens`` new tokens."""
         weight_bytes = weight_bytes_read(config, itemsize)
         flops = step_flops(config, num_tokens, num_logits, context_tokens)
@@ -52,7 +54,9 @@ def step_flops(config: ModelConfig, num_tokens: int, num_logits: int, context_to
     """Matmul FLOPs of a step: projections and MLP for every new token, the LM head for the
     sampled rows, and attention (QK^T and PV) over ``context_tokens`` summed over new tokens."""
     h, i = config.hidden_size, config.intermediate_size
-    per_token = config.num_hidden_layers * 2 * (h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * i)
+    per_token = (
+        config.num_hidden_layers * 2 * (h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * i)
+    )
     attention = config.num_hidden_layers * 4 * config.num_attention_heads * config.head_dim * context_tokens
     return per_token * num_tokens + 2 * config.vocab_size * h * num_logits + attention
 

@@ -19,7 +19,6 @@ only reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,9 +28,10 @@ from typing import Any
 
 import torch
 
+from mini_infer.bench.common import run_script, write_results
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
-from mini_infer.sampling import SamplingParams
+from mini_infer.sampling_params import SamplingParams
 from mini_infer.tiny_corpus import TASKS, held_out_questions
 from mini_infer.tokenizer import Message
 
@@ -57,7 +57,9 @@ def workload(prompts_file: str | None, num_prompts: int) -> list[list[Message]]:
             raise SystemExit(f"--prompts-file {prompts_file} has no non-empty line")
     else:
         per_task = [held_out_questions(task) for task in TASKS]
-        lines = [questions[i].prompt for i in range(max(map(len, per_task))) for questions in per_task if i < len(questions)]
+        lines = [
+            questions[i].prompt for i in range(max(map(len, per_task))) for questions in per_task if i < len(questions)
+        ]
     return [[{"role": "user", "content": line}] for line in lines[:num_prompts]]
 
 
@@ -91,13 +93,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="the target model (default: the shipped tiny chat model)")
     parser.add_argument("--draft-model", default="tiny-draft", help="the draft model, with the target's tokenizer")
     parser.add_argument("--k", default="1,2,4,6", help="comma-separated num_speculative_tokens values to measure")
-    parser.add_argument("--prompts-file", default=None, help="one question per line (default: the tiny pair's held-out questions)")
+    parser.add_argument(
+        "--prompts-file", default=None, help="one question per line (default: the tiny pair's held-out questions)"
+    )
     parser.add_argument("--num-prompts", type=int, default=24)
     parser.add_argument("--batch-size", type=int, default=1, help="questions submitted together (1: one at a time)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting (median), with and without the draft alternating")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per setting (median), with and without the draft alternating"
+    )
     parser.add_argument("--json", default=None, help="write the results to this file")
 
 
@@ -116,14 +122,21 @@ def run(args: argparse.Namespace) -> int:
 
     def make_llm(draft_k: int | None) -> LLM:
         # The prefix cache is off: every run computes the same tokens from scratch.
-        speculation: dict[str, Any] = {} if draft_k is None else {"draft_model": args.draft_model, "num_speculative_tokens": draft_k}
-        return LLM(args.model, dtype=dtype, device=device, enable_prefix_caching=False, show_progress=False, **speculation)
+        speculation: dict[str, Any] = (
+            {} if draft_k is None else {"draft_model": args.draft_model, "num_speculative_tokens": draft_k}
+        )
+        return LLM(
+            args.model, dtype=dtype, device=device, enable_prefix_caching=False, show_progress=False, **speculation
+        )
 
     print(
         f"speculative-decoding benchmark: target {args.model}, draft {args.draft_model}, {dtype_name} on {device} "
         f"({torch.get_num_threads()} threads)"
     )
-    print(f"workload: {len(chats)} chat questions, {args.batch_size} at a time, greedy, up to {args.max_tokens} tokens each", flush=True)
+    print(
+        f"workload: {len(chats)} chat questions, {args.batch_size} at a time, greedy, up to {args.max_tokens} tokens each",
+        flush=True,
+    )
     plain = make_llm(None)
     run_once(plain, chats[:2], params, args.batch_size)  # warm-up: first calls allocate and pick kernels
     header = f"{'k':>3} | {'acceptance':>10} | {'steps':>6} | {'tokens/step':>11} | {'draft s':>8} | {'alone s':>8} | {'speedup':>7} | same outputs"
@@ -166,7 +179,10 @@ def run(args: argparse.Namespace) -> int:
         del spec
     must_match = dtype == torch.float32
     if not all_equal:
-        print("outputs differ from the target's alone" + (": FAIL (float32 must match exactly)" if must_match else " (rounding in low precision)"))
+        print(
+            "outputs differ from the target's alone"
+            + (": FAIL (float32 must match exactly)" if must_match else " (rounding in low precision)")
+        )
     if args.json:
         results = {
             "target": args.model,
@@ -177,15 +193,12 @@ def run(args: argparse.Namespace) -> int:
             "args": {key: value for key, value in vars(args).items() if key != "func"},
             "rows": rows,
         }
-        Path(args.json).write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
+        write_results(args.json, results)
     return 1 if must_match and not all_equal else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mini_infer.bench.speculative", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_script("python -m mini_infer.bench.speculative", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

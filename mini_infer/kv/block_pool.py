@@ -40,6 +40,7 @@ __all__ = [
     "kv_cache_waste",
     "num_blocks_for",
     "slot_for",
+    "slot_mapping",
 ]
 
 
@@ -61,15 +62,21 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def slot_mapping(block_table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    """Pool slots of logical positions ``start, ..., end - 1`` of a sequence with this block table
+    (the slot mapping of a chunk): position ``p`` lives in ``block_table[p // block_size] *
+    block_size + p % block_size``."""
+    capacity = len(block_table) * block_size
+    if not 0 <= start <= end <= capacity:
+        raise IndexError(
+            f"positions [{start}, {end}) are outside a table of {len(block_table)} blocks of {block_size} tokens"
+        )
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
 def slot_for(block_table: Sequence[int], position: int, block_size: int) -> int:
     """The pool slot that holds logical token ``position`` of a sequence with this block table."""
-    block_index, offset = divmod(position, block_size)
-    if position < 0 or block_index >= len(block_table):
-        raise IndexError(
-            f"position {position} is outside a block table of {len(block_table)} blocks "
-            f"of {block_size} tokens"
-        )
-    return block_table[block_index] * block_size + offset
+    return slot_mapping(block_table, position, position + 1, block_size)[0]
 
 
 class BlockPool:
@@ -161,19 +168,14 @@ class BlockPool:
                 raise AssertionError(f"block {block_id} has no reference but is not free (leaked)")
         referenced = sum(1 for count in self._ref_counts if count > 0)
         if len(self._free) + referenced != self.num_blocks:
-            raise AssertionError(
-                f"{len(self._free)} free + {referenced} referenced != {self.num_blocks} blocks"
-            )
+            raise AssertionError(f"{len(self._free)} free + {referenced} referenced != {self.num_blocks} blocks")
 
     def _check_id(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_blocks:
             raise ValueError(f"KV block id {block_id} is outside the pool of {self.num_blocks} blocks")
 
     def __repr__(self) -> str:
-        return (
-            f"BlockPool(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"free={self.num_free_blocks})"
-        )
+        return f"BlockPool(num_blocks={self.num_blocks}, block_size={self.block_size}, free={self.num_free_blocks})"
 
 
 @dataclass(slots=True)
@@ -210,15 +212,8 @@ class BlockTable:
         self.block_ids = []
 
     def slots(self, start: int, end: int, block_size: int) -> list[int]:
-        """Pool slots of logical positions ``start, ..., end - 1`` (the slot mapping of a chunk)."""
-        capacity = len(self.block_ids) * block_size
-        if not 0 <= start <= end <= capacity:
-            raise IndexError(
-                f"positions [{start}, {end}) do not fit a table of {len(self.block_ids)} blocks "
-                f"({capacity} slots)"
-            )
-        table = self.block_ids
-        return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        """Pool slots of logical positions ``start, ..., end - 1`` (``slot_mapping`` of this table)."""
+        return slot_mapping(self.block_ids, start, end, block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +243,7 @@ def _waste(used: int, allocated: int) -> float:
     return (allocated - used) / allocated if allocated else 0.0
 
 
-def kv_cache_waste(
-    token_counts: Sequence[int], block_size: int, contiguous_max_len: int | None = None
-) -> KVWaste:
+def kv_cache_waste(token_counts: Sequence[int], block_size: int, contiguous_max_len: int | None = None) -> KVWaste:
     """Slots used and allocated for sequences of these lengths, paged and contiguous.
 
     ``contiguous_max_len`` is the length a contiguous cache reserves per request; by default the
@@ -261,9 +254,7 @@ def kv_cache_waste(
     longest = max(token_counts, default=0)
     max_len = longest if contiguous_max_len is None else contiguous_max_len
     if max_len < longest:
-        raise ValueError(
-            f"contiguous_max_len {max_len} is shorter than the longest sequence ({longest} tokens)"
-        )
+        raise ValueError(f"contiguous_max_len {max_len} is shorter than the longest sequence ({longest} tokens)")
     return KVWaste(
         used_slots=sum(token_counts),
         paged_slots=sum(num_blocks_for(n, block_size) for n in token_counts) * block_size,

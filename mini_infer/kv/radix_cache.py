@@ -40,14 +40,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mini_infer.kv.block_pool import BlockPool
 
 __all__ = ["PrefixMatch", "RadixCache", "RadixNodeView"]
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixMatch:
+class PrefixMatch(NamedTuple):
     """The longest cached prefix: its blocks (not yet referenced by the caller) and its length."""
 
     block_ids: list[int]
@@ -116,9 +116,7 @@ class RadixCache:
         tokens, blocks = list(token_ids), list(block_ids)
         bs = self.block_size
         if len(tokens) != len(blocks) * bs:
-            raise ValueError(
-                f"insert needs whole blocks: {len(tokens)} tokens for {len(blocks)} blocks of {bs}"
-            )
+            raise ValueError(f"insert needs whole blocks: {len(tokens)} tokens for {len(blocks)} blocks of {bs}")
         # A dry run first, so that a bad call changes nothing (not even a split).
         _, cached = self._descend(tokens, split=False)
         new_blocks = blocks[cached // bs :]
@@ -151,11 +149,7 @@ class RadixCache:
         bs = self.block_size
         # Ties are impossible (one touch marks one root path, and only one node of a path can
         # be a leaf); node_id only keeps the heap from comparing nodes.
-        heap = [
-            (n.last_access, n.node_id, n)
-            for n in self._iter_nodes()
-            if n is not self._root and not n.children
-        ]
+        heap = [(n.last_access, n.node_id, n) for n in self._iter_nodes() if n is not self._root and not n.children]
         heapq.heapify(heap)
         freed: list[int] = []
         while heap and len(freed) < num_blocks:
@@ -180,6 +174,10 @@ class RadixCache:
     @property
     def num_cached_blocks(self) -> int:
         return len(self._held)
+
+    def cached_block_ids(self) -> set[int]:
+        """Every block the tree holds a reference on."""
+        return set(self._held)
 
     @property
     def num_evictable_blocks(self) -> int:

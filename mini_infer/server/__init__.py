@@ -8,7 +8,7 @@ The pieces, in the order a request meets them:
   and response shapes;
 * ``chat`` and ``completions``: the two generation endpoints; ``tool_calls`` turns the model's
   ``<tool_call>`` blocks into OpenAI tool calls, streaming included;
-* ``serving``: state and checks the endpoints share;
+* ``serving``: what the endpoints share: state, checks, and the two ways to answer (JSON or a stream);
 * ``async_engine``: the one thread that owns the ``LLMEngine``, and the queues to it;
 * ``metrics``: Prometheus metrics with vLLM's names;
 * ``cli``: ``mini-infer serve``; ``background``: a server in a thread, for tests and notebooks;

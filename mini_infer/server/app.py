@@ -72,7 +72,8 @@ class APIKeyMiddleware:
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._key):
                 body = error_body(
                     "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                    type="invalid_request_error", code="invalid_api_key",
+                    type="invalid_request_error",
+                    code="invalid_api_key",
                 )
                 await json_response(body, 401)(scope, receive, send)
                 return
@@ -121,7 +122,12 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], LLMEngine] | No
         return Response(state.metrics.render(snapshot), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def model_card() -> dict[str, Any]:
-        card: dict[str, Any] = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "mini-infer"}
+        card: dict[str, Any] = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "mini-infer",
+        }
         if state.engine.info is not None:
             card["max_model_len"] = state.engine.info.max_model_len
         return card
@@ -156,9 +162,13 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], LLMEngine] | No
             tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
             add = True if req.add_generation_prompt is None else req.add_generation_prompt
             try:
-                text = tokenizer.apply_chat_template([m.to_template() for m in req.messages], tools=tools, add_generation_prompt=add)
+                text = tokenizer.apply_chat_template(
+                    [m.to_template() for m in req.messages], tools=tools, add_generation_prompt=add
+                )
             except Exception as exc:
-                raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from None
+                raise bad_request(
+                    f"the chat template could not render these messages: {exc}", param="messages"
+                ) from None
             return tokenizer.encode(text)
 
         tokens = await state.in_tokenizer_thread(run)

@@ -42,7 +42,7 @@ from typing import Any, Protocol, TypeVar
 
 from mini_infer.engine import LLMEngine
 from mini_infer.outputs import RequestOutput
-from mini_infer.sampling import SamplingParams
+from mini_infer.sampling_params import SamplingParams
 from mini_infer.tokenizer import Tokenizer
 
 logger = logging.getLogger("mini_infer.server")
@@ -350,9 +350,9 @@ class AsyncEngine:
             started = time.perf_counter()
             engine = self._factory()
             # The handlers' own tokenizer, loaded here so that loading is one phase.
-            tokenizer = Tokenizer(engine.model_dir)
+            tokenizer = Tokenizer(engine.tokenizer.model_dir)
             info = EngineInfo(
-                model_dir=Path(engine.model_dir),
+                model_dir=engine.tokenizer.model_dir,
                 max_model_len=engine.max_model_len,
                 max_pool_tokens=engine.pool.num_blocks * engine.pool.block_size,
                 vocab_size=engine.model_config.vocab_size,
@@ -366,7 +366,10 @@ class AsyncEngine:
             return
         logger.info(
             "engine ready in %.1f s: %d KV blocks of %d tokens, max_model_len %d",
-            time.perf_counter() - started, info.num_kv_blocks, info.block_size, info.max_model_len,
+            time.perf_counter() - started,
+            info.num_kv_blocks,
+            info.block_size,
+            info.max_model_len,
         )
         try:
             self._post(self._on_ready, info, tokenizer)

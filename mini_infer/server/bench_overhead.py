@@ -24,7 +24,6 @@ import asyncio
 import gc
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -36,10 +35,10 @@ from typing import Any
 import httpx
 import torch
 
-from mini_infer.bench.offline import random_model_dir
+from mini_infer.bench.common import add_random_prompt_arguments, random_prompts
 from mini_infer.llm import LLM
-from mini_infer.offline_models import NAMED_SHAPES
-from mini_infer.sampling import SamplingParams
+from mini_infer.offline_models import NAMED_SHAPES, random_model_dir
+from mini_infer.sampling_params import SamplingParams
 from mini_infer.server.background import wait_until_healthy
 
 
@@ -67,8 +66,13 @@ def run_offline(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[fl
 
 async def _one_stream(client: httpx.AsyncClient, prompt: list[int], output_len: int) -> int:
     body = {
-        "model": "bench", "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     tokens = 0
     async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -93,10 +97,26 @@ async def run_server(base_url: str, prompts: list[list[int]], output_len: int) -
 
 def start_server(args: argparse.Namespace, path: Path, port: int) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "mini_infer.server", "--model", str(path), "--served-model-name", "bench",
-        "--port", str(port), "--dtype", args.dtype, "--device", args.device, "--no-prefix-caching",
-        "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--max-num-seqs", str(args.max_num_seqs),
-        "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "mini_infer.server",
+        "--model",
+        str(path),
+        "--served-model-name",
+        "bench",
+        "--port",
+        str(port),
+        "--dtype",
+        args.dtype,
+        "--device",
+        args.device,
+        "--no-enable-prefix-caching",
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--log-level",
+        "warning",
     ]
     env = dict(os.environ, MINI_INFER_API_KEY="")
     if args.threads is not None:
@@ -116,9 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="a model directory (default: a random-weight --shape model)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--input-len", type=int, nargs=2, default=[64, 256], metavar=("LO", "HI"))
-    parser.add_argument("--output-len", type=int, default=64)
+    add_random_prompt_arguments(parser, num_prompts=32, input_len=(64, 256), output_len=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
@@ -128,20 +146,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mini_infer.server.bench_overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mini_infer.server.bench_overhead", description=__doc__.split("\n")[0]
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else random_model_dir(args.shape, args.dtype)
-    rng = random.Random(args.seed)
     lo, hi = args.input_len
     llm = LLM(
-        str(path), dtype=args.dtype, device=args.device, enable_prefix_caching=False, show_progress=False,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        str(path),
+        dtype=args.dtype,
+        device=args.device,
+        enable_prefix_caching=False,
+        show_progress=False,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
     )
     vocab = llm.engine.model_config.vocab_size
-    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(args.num_prompts)]
+    prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed)
     warmup = prompts[: min(4, len(prompts))]
 
     port = free_port()
@@ -167,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             served.append(tokens / seconds)
             if before is not None and after is not None:
                 server_cpu.append((after - before) / tokens * 1e6)
-            print(f"run {r + 1}: offline {offline[-1]:.1f} tok/s, server {served[-1]:.1f} tok/s", file=sys.stderr, flush=True)
+            print(
+                f"run {r + 1}: offline {offline[-1]:.1f} tok/s, server {served[-1]:.1f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         server.terminate()
         try:
@@ -195,14 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"model {result['model']} ({args.dtype}, {args.device}); {args.num_prompts} prompts of {lo}-{hi} tokens, "
-              f"{args.output_len} output tokens each, greedy, ignore_eos")
+        print(
+            f"model {result['model']} ({args.dtype}, {args.device}); {args.num_prompts} prompts of {lo}-{hi} tokens, "
+            f"{args.output_len} output tokens each, greedy, ignore_eos"
+        )
         print(f"LLM.generate      {result['offline_tok_s']:8.1f} output tok/s  (median of {args.repeats})")
         print(f"server, streaming {result['server_tok_s']:8.1f} output tok/s  (median of {args.repeats})")
         print(f"server / offline  {result['ratio']:8.1%}")
         if result["server_cpu_us_per_token"] is not None:
-            print(f"CPU per output token: LLM.generate {result['offline_cpu_us_per_token']:.0f} us, "
-                  f"server process {result['server_cpu_us_per_token']:.0f} us (its engine thread, event loop and HTTP)")
+            print(
+                f"CPU per output token: LLM.generate {result['offline_cpu_us_per_token']:.0f} us, "
+                f"server process {result['server_cpu_us_per_token']:.0f} us (its engine thread, event loop and HTTP)"
+            )
     return 0
 
 

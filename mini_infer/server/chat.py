@@ -20,7 +20,6 @@ among several tools would need constrained decoding, so it is refused with a 400
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -29,30 +28,18 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mini_infer.server.async_engine import Choice, EngineUnavailableError, RequestStream
+from mini_infer.server.async_engine import Choice, RequestStream
 from mini_infer.server.protocol import (
-    SSE_DONE,
     ChatCompletionRequest,
-    ChunkEncoder,
     NamedToolChoice,
     bad_request,
     chat_completion,
     parse_request,
     sampling_error,
-    sse,
     tool_call_body,
     usage,
 )
-from mini_infer.server.serving import (
-    Call,
-    ServerState,
-    TokenTexts,
-    check_token_ids,
-    merge_batch,
-    resolve_max_tokens,
-    respond,
-    unavailable,
-)
+from mini_infer.server.serving import Call, ServerState, TokenTexts, check_token_ids, merge_batch, resolve_max_tokens
 from mini_infer.server.tool_calls import TOOL_CALL_START, ParserDelta, ToolCallParser
 from mini_infer.tokenizer import Tokenizer
 
@@ -118,25 +105,28 @@ async def create_chat_completion(state: ServerState, request: Request, body: dic
     # From here on every way out must abort the stream: nothing below raises before the
     # try/finally or the streaming generator (whose finally aborts) takes it over.
     stream = await state.submit(choices, response_id)
-    return await respond(request, _ChatCall(state, req, stream, prompt, response_id, texts), bool(req.stream))
+    call = _ChatCall(state, req, stream, prompt, response_id, texts)
+    return await call.respond(request, bool(req.stream))
 
 
 class _ChatCall(Call):
     """One chat completion in flight: per-choice parsers and counters, and the two ways out."""
 
     def __init__(
-        self, state: ServerState, req: ChatCompletionRequest, stream: RequestStream, prompt: _Prompt, response_id: str,
+        self,
+        state: ServerState,
+        req: ChatCompletionRequest,
+        stream: RequestStream,
+        prompt: _Prompt,
+        response_id: str,
         texts: TokenTexts | None,
     ) -> None:
-        super().__init__(stream)
-        self.state, self.req, self.prompt = state, req, prompt
-        self.response_id = response_id
-        self.created = int(time.time())
+        super().__init__(state, stream, response_id, "chat.completion.chunk", req.include_usage)
+        self.prompt = prompt
         n = len(stream.request_ids)
         self.parsers = [ToolCallParser() if prompt.parse_tools else None for _ in range(n)]
         self.logprobs_sent = [0] * n
         self.texts = texts
-        self.encoder = ChunkEncoder(response_id, "chat.completion.chunk", self.created, state.model_name, include_usage=req.include_usage)
 
     def _finish_reason(self, index: int, reason: str | None) -> str | None:
         parser = self.parsers[index]
@@ -147,7 +137,9 @@ class _ChatCall(Call):
     def _usage(self) -> dict[str, Any]:
         completion_tokens = sum(len(out.token_ids) for out in self.finals if out is not None)
         first = self.finals[0]
-        return usage(len(self.prompt.token_ids), completion_tokens, first.num_cached_tokens if first is not None else None)
+        return usage(
+            len(self.prompt.token_ids), completion_tokens, first.num_cached_tokens if first is not None else None
+        )
 
     # ----------------------------------------------------------------- not streaming
     def response(self) -> dict[str, Any]:
@@ -166,7 +158,12 @@ class _ChatCall(Call):
             if self.texts is not None:
                 logprobs = {"content": [self.texts.chat_entry(e) for e in out.logprobs or []]}
             choices.append(
-                {"index": index, "message": message, "logprobs": logprobs, "finish_reason": self._finish_reason(index, out.finish_reason)}
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": self._finish_reason(index, out.finish_reason),
+                }
             )
         return chat_completion(self.response_id, self.created, self.state.model_name, choices, self._usage())
 
@@ -191,41 +188,33 @@ class _ChatCall(Call):
             delta["tool_calls"] = calls
         return delta
 
-    async def events(self) -> AsyncGenerator[str, None]:
-        try:
-            for index, parser in enumerate(self.parsers):
-                first: dict[str, Any] = {"role": "assistant", "content": ""}
-                if parser is not None and self.prompt.forced:
-                    # The forced start of a call announces it at once: no content, the call's name.
-                    first = {"role": "assistant", "content": None, **self._delta(parser.push(self.prompt.forced))}
-                yield self._chunk([{"index": index, "delta": first, "logprobs": None, "finish_reason": None}])
-            while not self.stream.finished:
-                for index, m in merge_batch(await self.stream.next_batch()):
-                    out = m.out
-                    self.finals[index] = out
-                    parser = self.parsers[index]
-                    if parser is None:
-                        pd = ParserDelta(content=m.new_text)
-                    else:
-                        pd = parser.push(m.new_text)
-                        if out.finished:
-                            pd.extend(parser.finish())
-                    logprobs = None
-                    if self.texts is not None and out.logprobs:
-                        new = out.logprobs[self.logprobs_sent[index] :]
-                        self.logprobs_sent[index] = len(out.logprobs)
-                        logprobs = {"content": [self.texts.chat_entry(e) for e in new]}
-                    if pd or logprobs:
-                        yield self._chunk([{"index": index, "delta": self._delta(pd), "logprobs": logprobs, "finish_reason": None}])
+    async def _choice_chunks(self) -> AsyncGenerator[str, None]:
+        for index, parser in enumerate(self.parsers):
+            first: dict[str, Any] = {"role": "assistant", "content": ""}
+            if parser is not None and self.prompt.forced:
+                # The forced start of a call announces it at once: no content, the call's name.
+                first = {"role": "assistant", "content": None, **self._delta(parser.push(self.prompt.forced))}
+            yield self._chunk([{"index": index, "delta": first, "logprobs": None, "finish_reason": None}])
+        while not self.stream.finished:
+            for index, m in merge_batch(await self.stream.next_batch()):
+                out = m.out
+                self.finals[index] = out
+                parser = self.parsers[index]
+                if parser is None:
+                    pd = ParserDelta(content=m.new_text)
+                else:
+                    pd = parser.push(m.new_text)
                     if out.finished:
-                        reason = self._finish_reason(index, out.finish_reason)
-                        yield self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])
-            if self.req.include_usage:
-                yield self.encoder.usage_chunk(self._usage())
-            yield SSE_DONE
-        except EngineUnavailableError as exc:
-            # The response has begun (200 is sent): the error travels as one event.
-            yield sse(unavailable(str(exc)).body())
-            yield SSE_DONE
-        finally:
-            self.stream.abort()  # the client left (or the engine died): free its blocks now
+                        pd.extend(parser.finish())
+                logprobs = None
+                if self.texts is not None and out.logprobs:
+                    new = out.logprobs[self.logprobs_sent[index] :]
+                    self.logprobs_sent[index] = len(out.logprobs)
+                    logprobs = {"content": [self.texts.chat_entry(e) for e in new]}
+                if pd or logprobs:
+                    yield self._chunk(
+                        [{"index": index, "delta": self._delta(pd), "logprobs": logprobs, "finish_reason": None}]
+                    )
+                if out.finished:
+                    reason = self._finish_reason(index, out.finish_reason)
+                    yield self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from mini_infer.cli import add_engine_args, engine_kwargs
+from mini_infer.cli_options import add_engine_args, engine_kwargs
 from mini_infer.server import DEFAULT_MAX_BODY_BYTES
 
 API_KEY_ENV = "MINI_INFER_API_KEY"
@@ -30,8 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body accepted")
+    parser.add_argument(
+        "--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})"
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body accepted"
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -42,7 +46,10 @@ def main(args: argparse.Namespace) -> int:
         from mini_infer.server.app import build_app
         from mini_infer.server.serving import ServerConfig
     except ImportError as exc:
-        print(f"mini-infer serve: error: {exc}; install the server extra: pip install 'mini-infer[server]'", file=sys.stderr)
+        print(
+            f"mini-infer serve: error: {exc}; install the server extra: pip install 'mini-infer[server]'",
+            file=sys.stderr,
+        )
         return 2
 
     if args.max_body_bytes < 1:
@@ -54,7 +61,9 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is None and args.host not in _LOOPBACK:
-        logging.getLogger("mini_infer.server").warning("listening on %s without an API key: anyone who can reach it can use it", args.host)
+        logging.getLogger("mini_infer.server").warning(
+            "listening on %s without an API key: anyone who can reach it can use it", args.host
+        )
     config = ServerConfig(
         model=args.model,
         served_model_name=args.served_model_name,

@@ -9,7 +9,6 @@ defaults to 16, as in OpenAI's completions API (chat defaults to the rest of the
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -17,29 +16,17 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mini_infer.server.async_engine import Choice, EngineUnavailableError, RequestStream
+from mini_infer.server.async_engine import Choice, RequestStream
 from mini_infer.server.protocol import (
     MAX_CHOICES,
-    SSE_DONE,
-    ChunkEncoder,
     CompletionRequest,
     bad_request,
     completion,
     parse_request,
     sampling_error,
-    sse,
     usage,
 )
-from mini_infer.server.serving import (
-    Call,
-    ServerState,
-    TokenTexts,
-    check_token_ids,
-    merge_batch,
-    resolve_max_tokens,
-    respond,
-    unavailable,
-)
+from mini_infer.server.serving import Call, ServerState, TokenTexts, check_token_ids, merge_batch, resolve_max_tokens
 from mini_infer.tokenizer import Tokenizer
 
 OPENAI_COMPLETIONS_MAX_TOKENS = 16
@@ -57,14 +44,18 @@ async def create_completion(state: ServerState, request: Request, body: dict[str
     prompts = req.prompts()
     n = req.num_choices
     if len(prompts) * n > MAX_CHOICES:
-        raise bad_request(f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices in one request", param="n")
+        raise bad_request(
+            f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices in one request", param="n"
+        )
     prompt_ids = await state.in_tokenizer_thread(_tokenize, tokenizer, prompts)
     if req.stop_token_ids:
         check_token_ids(req.stop_token_ids, info, "stop_token_ids")
     choices: list[Choice] = []
     for ids in prompt_ids:
         check_token_ids(ids, info, "prompt")
-        max_tokens = resolve_max_tokens(info, len(ids), req.max_tokens, OPENAI_COMPLETIONS_MAX_TOKENS, prompt_param="prompt")
+        max_tokens = resolve_max_tokens(
+            info, len(ids), req.max_tokens, OPENAI_COMPLETIONS_MAX_TOKENS, prompt_param="prompt"
+        )
         first = len(choices)
         for i in range(n):
             try:
@@ -76,25 +67,28 @@ async def create_completion(state: ServerState, request: Request, body: dict[str
     response_id = f"cmpl-{uuid.uuid4().hex}"
     # From here on every way out must abort the stream (see chat.py).
     stream = await state.submit(choices, response_id)
-    return await respond(request, _CompletionCall(state, req, stream, prompt_ids, n, response_id, texts), bool(req.stream))
+    call = _CompletionCall(state, req, stream, prompt_ids, n, response_id, texts)
+    return await call.respond(request, bool(req.stream))
 
 
 class _CompletionCall(Call):
     def __init__(
-        self, state: ServerState, req: CompletionRequest, stream: RequestStream, prompt_ids: list[list[int]], n: int, response_id: str,
+        self,
+        state: ServerState,
+        req: CompletionRequest,
+        stream: RequestStream,
+        prompt_ids: list[list[int]],
+        n: int,
+        response_id: str,
         texts: TokenTexts | None,
     ) -> None:
-        super().__init__(stream)
-        self.state, self.req = state, req
+        super().__init__(state, stream, response_id, "text_completion", req.include_usage)
         self.prompt_tokens = sum(len(ids) for ids in prompt_ids)
-        self.response_id = response_id
-        self.created = int(time.time())
         size = len(stream.request_ids)
         self.n = n
         self.logprobs_sent = [0] * size
         self.text_offsets = [0] * size
         self.texts = texts
-        self.encoder = ChunkEncoder(response_id, "text_completion", self.created, state.model_name, include_usage=req.include_usage)
 
     def _usage(self) -> dict[str, Any]:
         completion_tokens = sum(len(out.token_ids) for out in self.finals if out is not None)
@@ -116,26 +110,17 @@ class _CompletionCall(Call):
         ]
         return completion(self.response_id, self.created, self.state.model_name, choices, self._usage())
 
-    async def events(self) -> AsyncGenerator[str, None]:
-        try:
-            while not self.stream.finished:
-                for index, m in merge_batch(await self.stream.next_batch()):
-                    out = m.out
-                    self.finals[index] = out
-                    logprobs = self._logprobs(index, out)
-                    if m.new_text or logprobs or out.finished:
-                        choice = {
-                            "index": index,
-                            "text": m.new_text,
-                            "logprobs": logprobs,
-                            "finish_reason": out.finish_reason if out.finished else None,
-                        }
-                        yield self.encoder.chunk([choice])
-            if self.req.include_usage:
-                yield self.encoder.usage_chunk(self._usage())
-            yield SSE_DONE
-        except EngineUnavailableError as exc:
-            yield sse(unavailable(str(exc)).body())
-            yield SSE_DONE
-        finally:
-            self.stream.abort()
+    async def _choice_chunks(self) -> AsyncGenerator[str, None]:
+        while not self.stream.finished:
+            for index, m in merge_batch(await self.stream.next_batch()):
+                out = m.out
+                self.finals[index] = out
+                logprobs = self._logprobs(index, out)
+                if m.new_text or logprobs or out.finished:
+                    choice = {
+                        "index": index,
+                        "text": m.new_text,
+                        "logprobs": logprobs,
+                        "finish_reason": out.finish_reason if out.finished else None,
+                    }
+                    yield self.encoder.chunk([choice])

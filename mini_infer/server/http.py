@@ -53,9 +53,11 @@ async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "")
     media_type, _, params = content_type.partition(";")
     if media_type.strip().lower() != "application/json":
-        raise bad_request(f"Content-Type must be application/json, got {content_type or 'none'!r}", code="invalid_content_type")
+        raise bad_request(
+            f"Content-Type must be application/json, got {content_type or 'none'!r}", code="invalid_content_type"
+        )
     charset = params.strip().lower()
-    if charset and charset.replace(" ", "") not in ("charset=utf-8", "charset=\"utf-8\""):
+    if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
         raise bad_request(f"JSON bodies must be UTF-8, got {params.strip()!r}", code="invalid_content_type")
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -93,7 +95,9 @@ async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
 
 
 def _too_large(size: int, limit: int) -> APIError:
-    return APIError(413, f"the request body ({size} bytes or more) is over the limit of {limit} bytes", code="request_too_large")
+    return APIError(
+        413, f"the request body ({size} bytes or more) is over the limit of {limit} bytes", code="request_too_large"
+    )
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from mini_infer.engine import LLMEngine
+from mini_infer.kv.radix_cache import RadixCache
 
 PREFIX = "mini_infer:"
 
@@ -35,6 +36,12 @@ PREFIX = "mini_infer:"
 _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 _E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+# The latency histograms: name (exposed as ``mini_infer:<name>_seconds``) -> (documentation, buckets).
+_LATENCIES = {
+    "time_to_first_token": ("Time from arrival to the first token.", _TTFT_BUCKETS),
+    "inter_token_latency": ("Time between two tokens of one request.", _ITL_BUCKETS),
+    "e2e_request_latency": ("Time from arrival to the last token.", _E2E_BUCKETS),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +61,7 @@ class EngineSnapshot:
     spec_decode_num_accepted_tokens: int  # ... and kept
 
     @property
-    def kv_cache_usage(self) -> float:
+    def kv_cache_usage_perc(self) -> float:
         used = self.kv_blocks_total - self.kv_blocks_free - self.kv_blocks_cache_only
         return used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
@@ -62,7 +69,7 @@ class EngineSnapshot:
 def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
     """Read the engine's figures; run it on the engine thread (``AsyncEngine.call``)."""
     stats = engine.stats()
-    cache = engine.prefix_cache
+    cache = engine.prefix_cache if isinstance(engine.prefix_cache, RadixCache) else None
     return EngineSnapshot(
         num_requests_running=stats["num_running"],
         num_requests_waiting=stats["num_waiting"],
@@ -80,6 +87,27 @@ def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
     )
 
 
+# What ``/metrics`` shows of a snapshot, under ``PREFIX``: each name is the snapshot's field (or
+# property) of that name, with its documentation.
+_ENGINE_GAUGES = {
+    "num_requests_running": "Requests running in the engine (scheduled this step).",
+    "num_requests_waiting": "Requests waiting for admission (or preempted).",
+    "kv_cache_usage_perc": "Fraction of KV blocks held by requests (0 to 1).",
+    "kv_blocks_total": "KV blocks in the pool.",
+    "kv_blocks_free": "KV blocks on the free list.",
+    "kv_blocks_cached": "KV blocks held by the prefix cache.",
+}
+_ENGINE_COUNTERS = {
+    "prompt_tokens": "Prompt tokens submitted.",
+    "generation_tokens": "Tokens generated.",
+    "num_preemptions": "Preemptions (a request's blocks freed, to be recomputed).",
+    "prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "spec_decode_num_draft_tokens": "Draft tokens verified (speculative decoding).",
+    "spec_decode_num_accepted_tokens": "Draft tokens accepted (speculative decoding).",
+}
+
+
 class _EngineCollector(Collector):
     def __init__(self) -> None:
         self.snapshot: EngineSnapshot | None = None
@@ -88,27 +116,10 @@ class _EngineCollector(Collector):
         s = self.snapshot
         if s is None:
             return  # still loading (or dead before it ever answered): nothing to report
-        gauges = {
-            "num_requests_running": ("Requests running in the engine (scheduled this step).", s.num_requests_running),
-            "num_requests_waiting": ("Requests waiting for admission (or preempted).", s.num_requests_waiting),
-            "kv_cache_usage_perc": ("Fraction of KV blocks held by requests (0 to 1).", s.kv_cache_usage),
-            "kv_blocks_total": ("KV blocks in the pool.", s.kv_blocks_total),
-            "kv_blocks_free": ("KV blocks on the free list.", s.kv_blocks_free),
-            "kv_blocks_cached": ("KV blocks held by the prefix cache.", s.kv_blocks_cached),
-        }
-        for name, (doc, value) in gauges.items():
-            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
-        counters = {
-            "prompt_tokens": ("Prompt tokens submitted.", s.prompt_tokens),
-            "generation_tokens": ("Tokens generated.", s.generation_tokens),
-            "num_preemptions": ("Preemptions (a request's blocks freed, to be recomputed).", s.num_preemptions),
-            "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
-            "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
-            "spec_decode_num_draft_tokens": ("Draft tokens verified (speculative decoding).", s.spec_decode_num_draft_tokens),
-            "spec_decode_num_accepted_tokens": ("Draft tokens accepted (speculative decoding).", s.spec_decode_num_accepted_tokens),
-        }
-        for name, (doc, value) in counters.items():
-            yield CounterMetricFamily(PREFIX + name, doc, value=value)  # exposed with a _total suffix
+        for name, doc in _ENGINE_GAUGES.items():
+            yield GaugeMetricFamily(PREFIX + name, doc, value=getattr(s, name))
+        for name, doc in _ENGINE_COUNTERS.items():
+            yield CounterMetricFamily(PREFIX + name, doc, value=getattr(s, name))  # exposed with a _total suffix
 
 
 class ServerMetrics:
@@ -118,21 +129,18 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._engine = _EngineCollector()
         self.registry.register(self._engine)
-        self.time_to_first_token = Histogram(
-            PREFIX + "time_to_first_token_seconds", "Time from arrival to the first token.",
-            buckets=_TTFT_BUCKETS, registry=self.registry,
-        )
-        self.inter_token_latency = Histogram(
-            PREFIX + "inter_token_latency_seconds", "Time between two tokens of one request.",
-            buckets=_ITL_BUCKETS, registry=self.registry,
-        )
-        self.e2e_request_latency = Histogram(
-            PREFIX + "e2e_request_latency_seconds", "Time from arrival to the last token.",
-            buckets=_E2E_BUCKETS, registry=self.registry,
-        )
+        latencies = {
+            name: Histogram(PREFIX + name + "_seconds", documentation, buckets=buckets, registry=self.registry)
+            for name, (documentation, buckets) in _LATENCIES.items()
+        }
+        self.time_to_first_token = latencies["time_to_first_token"]
+        self.inter_token_latency = latencies["inter_token_latency"]
+        self.e2e_request_latency = latencies["e2e_request_latency"]
         self.request_success = Counter(
-            PREFIX + "request_success", "Requests finished, by reason (aborted ones are not counted).",
-            ["finished_reason"], registry=self.registry,
+            PREFIX + "request_success",
+            "Requests finished, by reason (aborted ones are not counted).",
+            ["finished_reason"],
+            registry=self.registry,
         )
 
     # RequestObserver

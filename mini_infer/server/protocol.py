@@ -23,9 +23,9 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mini_infer.sampling import SamplingParams
+from mini_infer.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20
 MAX_CHOICES = 128  # prompts x n in one call: a bound, so one call cannot queue unbounded work
@@ -100,19 +100,26 @@ class _DropNullUnsupported(_Strict):
         return data
 
 
+def _refuse_true(reason: str) -> AfterValidator:
+    """A flag for a feature mini-infer lacks: true is refused with ``reason``; false and null ask for nothing."""
+
+    def refuse(value: bool | None) -> bool | None:
+        if value:
+            raise ValueError(reason)
+        return value
+
+    return AfterValidator(refuse)
+
+
 class FunctionDefinition(_Strict):
     # OpenAI's rule for names; it also lets a forced call be written into the prompt safely.
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    @field_validator("strict")
-    @classmethod
-    def _not_strict(cls, strict: bool | None) -> bool | None:
-        if strict:
-            raise ValueError("strict function calling needs constrained decoding, which mini-infer does not implement")
-        return strict
+    strict: Annotated[
+        bool | None,
+        _refuse_true("strict function calling needs constrained decoding, which mini-infer does not implement"),
+    ] = None
 
 
 class Tool(_Strict):
@@ -185,7 +192,11 @@ class ChatMessage(_Strict):
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.tool_calls:
             message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
                 for c in self.tool_calls
             ]
         return message
@@ -310,7 +321,9 @@ class ChatCompletionRequest(_SamplingFields):
     @classmethod
     def _parallel_only(cls, parallel: bool | None) -> bool | None:
         if parallel is False:
-            raise ValueError("false is not supported: the model may write several calls, and nothing stops it after one")
+            raise ValueError(
+                "false is not supported: the model may write several calls, and nothing stops it after one"
+            )
         return parallel
 
     @model_validator(mode="after")
@@ -346,15 +359,8 @@ PromptInput = str | list[str] | list[int] | list[list[int]]
 class CompletionRequest(_SamplingFields):
     prompt: PromptInput
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool | None = None
+    echo: Annotated[bool | None, _refuse_true("echo (the prompt repeated in the answer) is not supported")] = None
     best_of: int | None = Field(None, ge=1)
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool | None) -> bool | None:
-        if echo:
-            raise ValueError("echo (the prompt repeated in the answer) is not supported")
-        return echo
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
@@ -399,7 +405,9 @@ class DetokenizeRequest(_Strict):
 # --------------------------------------------------------------------------------------------
 
 # Names pydantic adds to a location for the member of a union or a validator (not field names).
-_TYPE_TAG = re.compile(r"[\[\(]|^(str|int|float|bool|list|dict|none|function-.*|literal.*|tagged-union.*)$", re.IGNORECASE)
+_TYPE_TAG = re.compile(
+    r"[\[\(]|^(str|int|float|bool|list|dict|none|function-.*|literal.*|tagged-union.*)$", re.IGNORECASE
+)
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -1,4 +1,4 @@
-"""What the endpoints share: server state, prompt limits, submission, logprob tokens (chapter 11).
+"""What the endpoints share: server state, prompt limits, submission, answers, logprob tokens (chapter 11).
 
 ``ServerState`` is one app's world: its configuration, its ``AsyncEngine`` (the engine thread),
 its metrics, and the worker thread in which prompts are rendered and tokenized, so that a long
@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -22,7 +23,8 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mini_infer.engine import EngineConfig, LLMEngine
+from mini_infer.engine import LLMEngine
+from mini_infer.engine_builder import EngineConfig, build_engine
 from mini_infer.outputs import RequestOutput, TokenLogprob
 from mini_infer.server import DEFAULT_MAX_BODY_BYTES
 from mini_infer.server.async_engine import (
@@ -35,7 +37,7 @@ from mini_infer.server.async_engine import (
 )
 from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
 from mini_infer.server.metrics import ServerMetrics
-from mini_infer.server.protocol import APIError, bad_request, safe_logprob
+from mini_infer.server.protocol import SSE_DONE, APIError, ChunkEncoder, bad_request, safe_logprob, sse
 from mini_infer.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -65,11 +67,36 @@ CLIENT_CLOSED = 499
 
 class Call:
     """One completion request in flight, chat or plain: its choices' final outputs and the two
-    ways to answer (one JSON body, or server-sent events). Endpoints subclass it."""
+    ways to answer (one JSON body, or server-sent events). Endpoints subclass it: ``response``
+    is the body, ``_choice_chunks`` the stream's chunks of choices, ``_usage`` the usage."""
 
-    def __init__(self, stream: RequestStream) -> None:
+    def __init__(
+        self, state: ServerState, stream: RequestStream, response_id: str, chunk_object: str, include_usage: bool
+    ) -> None:
+        self.state = state
         self.stream = stream
         self.finals: list[Any] = [None] * len(stream.request_ids)
+        self.response_id = response_id
+        self.created = int(time.time())
+        self.include_usage = include_usage
+        self.encoder = ChunkEncoder(
+            response_id, chunk_object, self.created, state.model_name, include_usage=include_usage
+        )
+
+    async def respond(self, request: Request, streaming: bool) -> Response:
+        """Answer: a stream (whose generator aborts the request when it ends), or the whole
+        response once every choice finished; a client that leaves first frees its blocks."""
+        if streaming:
+            return EventStreamResponse(self.events())
+        try:
+            disconnected, _ = await run_until_disconnect(request.receive, self.collect())
+        except EngineUnavailableError as exc:  # the engine died while we waited
+            raise unavailable(str(exc)) from None
+        finally:
+            self.stream.abort()  # a no-op when every choice finished
+        if disconnected:
+            return Response(status_code=CLIENT_CLOSED)
+        return json_response(self.response())
 
     async def collect(self) -> None:
         while not self.stream.finished:
@@ -79,24 +106,29 @@ class Call:
     def response(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def events(self) -> AsyncGenerator[str, None]:
+    async def events(self) -> AsyncGenerator[str, None]:
+        """The event stream: the chunks of choices, the usage chunk if asked for, ``[DONE]``. An engine
+        that dies midway ends it with an error event; however it ends, the request is aborted."""
+        try:
+            async with aclosing(self._choice_chunks()) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            if self.include_usage:
+                yield self.encoder.usage_chunk(self._usage())
+            yield SSE_DONE
+        except EngineUnavailableError as exc:
+            # The response has begun (200 is sent): the error travels as one event.
+            yield sse(unavailable(str(exc)).body())
+            yield SSE_DONE
+        finally:
+            self.stream.abort()  # the client left (or the engine died): free its blocks now
+
+    def _choice_chunks(self) -> AsyncGenerator[str, None]:
+        """The chunks of choices, until every choice finished (filling ``finals``)."""
         raise NotImplementedError
 
-
-async def respond(request: Request, call: Call, streaming: bool) -> Response:
-    """Answer with ``call``: a stream (whose generator aborts the request when it ends), or the
-    whole response once every choice finished; a client that leaves first frees its blocks."""
-    if streaming:
-        return EventStreamResponse(call.events())
-    try:
-        disconnected, _ = await run_until_disconnect(request.receive, call.collect())
-    except EngineUnavailableError as exc:  # the engine died while we waited
-        raise unavailable(str(exc)) from None
-    finally:
-        call.stream.abort()  # a no-op when every choice finished
-    if disconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    return json_response(call.response())
+    def _usage(self) -> dict[str, Any]:
+        raise NotImplementedError
 
 
 class ServerState:
@@ -106,7 +138,9 @@ class ServerState:
         self.created = int(time.time())
         self.metrics = ServerMetrics()
         factory = engine_factory or (
-            lambda: LLMEngine(EngineConfig(model=config.model, show_progress=config.show_progress, **config.engine_kwargs))
+            lambda: build_engine(
+                EngineConfig(model=config.model, show_progress=config.show_progress, **config.engine_kwargs)
+            )
         )
         self.engine = AsyncEngine(factory, observer=self.metrics)
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="mini-infer-tokenizer")
@@ -141,7 +175,9 @@ class ServerState:
         try:
             return await self.engine.submit(choices, group)
         except RequestRejectedError as exc:
-            raise bad_request(str(exc), code="context_length_exceeded" if "context length" in str(exc) else None) from None
+            raise bad_request(
+                str(exc), code="context_length_exceeded" if "context length" in str(exc) else None
+            ) from None
         except EngineUnavailableError as exc:
             raise unavailable(str(exc)) from None
 
@@ -152,7 +188,9 @@ def check_token_ids(token_ids: Sequence[int], info: EngineInfo, param: str) -> N
         raise bad_request(f"{param}: token id {bad} is outside the vocabulary [0, {info.vocab_size})", param=param)
 
 
-def resolve_max_tokens(info: EngineInfo, prompt_tokens: int, requested: int | None, default: int | None, *, prompt_param: str) -> int:
+def resolve_max_tokens(
+    info: EngineInfo, prompt_tokens: int, requested: int | None, default: int | None, *, prompt_param: str
+) -> int:
     """The request's max_tokens, checked against the context (OpenAI's context-length error)."""
     if prompt_tokens == 0:
         raise bad_request(f"{prompt_param}: the prompt is empty", param=prompt_param)
@@ -167,14 +205,16 @@ def resolve_max_tokens(info: EngineInfo, prompt_tokens: int, requested: int | No
             raise bad_request(
                 f"{limit_text}. However, your {prompt_param} resulted in {prompt_tokens} tokens, which leaves no room "
                 f"to generate ({prompt_tokens} + at least 1 > {limit}). Please reduce the length of the {prompt_param}.",
-                param=prompt_param, code="context_length_exceeded",
+                param=prompt_param,
+                code="context_length_exceeded",
             )
         return room if default is None else min(default, room)
     if prompt_tokens + requested > limit:
         raise bad_request(
             f"{limit_text}. However, you requested {prompt_tokens + requested} tokens ({prompt_tokens} in the "
             f"{prompt_param}, {requested} in the completion). Please reduce the length of the {prompt_param} or completion.",
-            param=prompt_param, code="context_length_exceeded",
+            param=prompt_param,
+            code="context_length_exceeded",
         )
     return requested
 
@@ -208,7 +248,9 @@ def merge_batch(batch: list[tuple[int, RequestOutput]]) -> list[tuple[int, Merge
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the printable character that stands for each byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     codes = printable[:]
     n = 0
     for b in range(256):

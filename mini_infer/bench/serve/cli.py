@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from mini_infer.bench.serve.datasets import (
     shared_prefix_dataset,
 )
 from mini_infer.bench.serve.metrics import GOODPUT_KEYS
+from mini_infer.bench.serve.report import format_run, format_summary
 from mini_infer.bench.serve.runner import BenchmarkError, RunResult, format_rate, http_client, run_sweep
 
 RESULT_FORMAT_VERSION = 1
@@ -57,8 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server")
     server.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
     server.add_argument("--model", default=None, help="model name to request (default: the first of GET /v1/models)")
-    server.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="sent as a Bearer token (default: $OPENAI_API_KEY)")
-    server.add_argument("--endpoint", choices=["completions", "chat"], default="completions", help="/v1/completions or /v1/chat/completions")
+    server.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="sent as a Bearer token (default: $OPENAI_API_KEY)"
+    )
+    server.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="/v1/completions or /v1/chat/completions",
+    )
     server.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
@@ -68,33 +77,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     server.add_argument("--temperature", type=float, default=0.0)
     server.add_argument("--extra-body", default=None, help="a JSON object merged into every request body")
-    server.add_argument("--request-timeout", type=float, default=600.0, help="seconds before one request counts as failed")
+    server.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds before one request counts as failed"
+    )
 
     data = parser.add_argument_group("dataset")
     data.add_argument("--dataset", choices=list(DATASET_OPTIONS), default="random")
     data.add_argument(
-        "--num-prompts", type=int, default=None, help=f"random: how many (default {DEFAULT_RANDOM_PROMPTS}); others: use the first N (default all)"
+        "--num-prompts",
+        type=int,
+        default=None,
+        help=f"random: how many (default {DEFAULT_RANDOM_PROMPTS}); others: use the first N (default all)",
     )
     data.add_argument("--input-len", type=int, default=None, help="random: prompt tokens (default 1024)")
-    data.add_argument("--output-len", type=int, default=None, help=f"max_tokens (default {DEFAULT_OUTPUT_LEN}; jsonl: the row's output_len)")
-    data.add_argument("--range-ratio", type=float, default=None, help="random: lengths uniform in [len(1-r), len(1+r)] (default 0)")
+    data.add_argument(
+        "--output-len",
+        type=int,
+        default=None,
+        help=f"max_tokens (default {DEFAULT_OUTPUT_LEN}; jsonl: the row's output_len)",
+    )
+    data.add_argument(
+        "--range-ratio", type=float, default=None, help="random: lengths uniform in [len(1-r), len(1+r)] (default 0)"
+    )
     data.add_argument("--num-groups", type=int, default=None, help="shared-prefix: groups (default 64)")
-    data.add_argument("--prompts-per-group", type=int, default=None, help="shared-prefix: prompts per group (default 16)")
-    data.add_argument("--system-prompt-len", type=int, default=None, help="shared-prefix: shared system prompt tokens (default 2048)")
+    data.add_argument(
+        "--prompts-per-group", type=int, default=None, help="shared-prefix: prompts per group (default 16)"
+    )
+    data.add_argument(
+        "--system-prompt-len", type=int, default=None, help="shared-prefix: shared system prompt tokens (default 2048)"
+    )
     data.add_argument("--question-len", type=int, default=None, help="shared-prefix: question tokens (default 128)")
     data.add_argument("--dataset-path", default=None, help="jsonl: the file")
-    data.add_argument("--tokenizer", default=None, help="tokenizer directory for exact lengths and counts (default: --model if a local directory)")
+    data.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer directory for exact lengths and counts (default: --model if a local directory)",
+    )
     data.add_argument("--seed", type=int, default=0)
 
     load = parser.add_argument_group("load")
-    load.add_argument("--request-rate", default="inf", help="requests/s of Poisson arrivals; 'inf' sends all at once; '1,2,4,inf' sweeps")
+    load.add_argument(
+        "--request-rate",
+        default="inf",
+        help="requests/s of Poisson arrivals; 'inf' sends all at once; '1,2,4,inf' sweeps",
+    )
     load.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
     load.add_argument("--warmup-requests", type=int, default=2, help="requests sent and discarded before measuring")
-    load.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS", help="SLO limits, e.g. ttft:500 tpot:50 (keys: ttft, tpot, e2el)")
+    load.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="KEY:MS",
+        help="SLO limits, e.g. ttft:500 tpot:50 (keys: ttft, tpot, e2el)",
+    )
 
     out = parser.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write config, metrics and per-request records")
-    out.add_argument("--plot", default=None, metavar="PATH", help="PNG: latency CDFs (one rate), curves against the rate (sweep), or a comparison")
+    out.add_argument(
+        "--plot",
+        default=None,
+        metavar="PATH",
+        help="PNG: latency CDFs (one rate), curves against the rate (sweep), or a comparison",
+    )
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -144,7 +188,16 @@ def resolve_args(args: argparse.Namespace) -> None:
         # Synthetic datasets ask for an output length; a random-weight or small model would
         # otherwise stop at whatever end-of-sequence token it happens to draw.
         args.ignore_eos = args.dataset != "jsonl"
-    for name in ("num_prompts", "input_len", "output_len", "num_groups", "prompts_per_group", "system_prompt_len", "question_len", "max_concurrency"):
+    for name in (
+        "num_prompts",
+        "input_len",
+        "output_len",
+        "num_groups",
+        "prompts_per_group",
+        "system_prompt_len",
+        "question_len",
+        "max_concurrency",
+    ):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -181,7 +234,13 @@ def dataset_factory(args: argparse.Namespace, tokenizer: TextTokenizer | None) -
             return random_dataset(args.num_prompts, args.input_len, args.output_len, args.range_ratio, seed, tokenizer)
         if args.dataset == "shared-prefix":
             requests = shared_prefix_dataset(
-                args.num_groups, args.prompts_per_group, args.system_prompt_len, args.question_len, args.output_len, seed, tokenizer
+                args.num_groups,
+                args.prompts_per_group,
+                args.system_prompt_len,
+                args.question_len,
+                args.output_len,
+                seed,
+                tokenizer,
             )
         else:
             requests = jsonl_dataset(args.dataset_path, args.output_len, tokenizer)
@@ -189,93 +248,20 @@ def dataset_factory(args: argparse.Namespace, tokenizer: TextTokenizer | None) -
                 raise ValueError(f"{args.dataset_path} has rows with only 'messages': use --endpoint chat")
         if args.num_prompts is not None:
             if args.num_prompts > len(requests):
-                raise ValueError(f"--num-prompts {args.num_prompts} is more than the {len(requests)} prompts of this dataset")
+                raise ValueError(
+                    f"--num-prompts {args.num_prompts} is more than the {len(requests)} prompts of this dataset"
+                )
             requests = requests[: args.num_prompts]
         return requests
 
     return build
 
 
-# ---------------------------------------------------------------------------- output
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def format_run(run: dict[str, Any]) -> str:
-    """One run's summary, laid out like vLLM's benchmark_serving."""
-    m = run["metrics"]
-    rate = run["request_rate"]
-    lines = [f"{' Serving Benchmark Result ':=^56}"]
-
-    def row(name: str, value: Any) -> None:
-        lines.append(f"{name:<40}{value:>16}")
-
-    row("Request rate (req/s):", rate if isinstance(rate, str) else f"{rate:g}")
-    row("Max concurrency:", run["max_concurrency"] or "none")
-    row("Successful requests:", m["completed"])
-    row("Failed requests:", m["failed"])
-    row("Benchmark duration (s):", f"{m['duration_s']:.2f}")
-    row("Total input tokens:", m["total_input_tokens"])
-    row("Total generated tokens:", m["total_output_tokens"])
-    row("Request throughput (req/s):", f"{m['request_throughput']:.2f}")
-    if m["request_goodput"] is not None:
-        row("Request goodput (req/s):", f"{m['request_goodput']:.2f}")
-        row("Requests meeting the SLOs:", f"{m['good_requests']}/{m['completed']}")
-    row("Input token throughput (tok/s):", f"{m['input_throughput']:.2f}")
-    row("Output token throughput (tok/s):", f"{m['output_throughput']:.2f}")
-    row("Total token throughput (tok/s):", f"{m['total_token_throughput']:.2f}")
-    row("Mean concurrency (Little's law):", f"{m['mean_concurrency']:.2f}")
-    hit = m["prefix_cache_hit_rate"]
-    row("Prefix cache hit rate:", "n/a" if hit is None else f"{100 * hit:.1f}% ({m['prefix_cache_source']})")
-    source = m["token_count_source"]
-    row("Token counts from:", "estimate (chars/4)" if source == "estimate" else source)
-    for key, title, short in (
-        ("ttft_ms", "Time to First Token", "TTFT"),
-        ("tpot_ms", "Time per Output Token (excl. 1st token)", "TPOT"),
-        ("itl_ms", "Inter-token Latency", "ITL"),
-        ("e2el_ms", "End-to-end Latency", "E2EL"),
-    ):
-        lines.append(f"{' ' + title + ' ':-^56}")
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99")):
-            row(f"{label} {short} (ms):", _ms(m[key][stat]))
-    lines.append("=" * 56)
-    if m["errors"]:
-        lines.append("first errors:")
-        lines.extend(f"  {e}" for e in m["errors"])
-    short_outputs = sum(
-        1
-        for r in run["requests"]
-        if r["success"] and r["requested_output_len"] and r["output_tokens"] is not None and r["output_tokens"] < r["requested_output_len"]
-    )
-    if short_outputs:
-        lines.append(f"note: {short_outputs} requests produced fewer tokens than asked (stopped at an end token?)")
-    return "\n".join(lines)
-
-
-SUMMARY_COLUMNS = [
-    ("rate", lambda r: str(r["request_rate"]) if isinstance(r["request_rate"], str) else f"{r['request_rate']:g}"),
-    ("ok", lambda r: str(r["metrics"]["completed"])),
-    ("fail", lambda r: str(r["metrics"]["failed"])),
-    ("req/s", lambda r: f"{r['metrics']['request_throughput']:.2f}"),
-    ("out tok/s", lambda r: f"{r['metrics']['output_throughput']:.1f}"),
-    ("TTFT p50", lambda r: _ms(r["metrics"]["ttft_ms"]["median"])),
-    ("TTFT p99", lambda r: _ms(r["metrics"]["ttft_ms"]["p99"])),
-    ("TPOT p50", lambda r: _ms(r["metrics"]["tpot_ms"]["median"])),
-    ("TPOT p99", lambda r: _ms(r["metrics"]["tpot_ms"]["p99"])),
-    ("ITL p50", lambda r: _ms(r["metrics"]["itl_ms"]["median"])),
-    ("E2E p50", lambda r: _ms(r["metrics"]["e2el_ms"]["median"])),
-    ("hit rate", lambda r: "n/a" if r["metrics"]["prefix_cache_hit_rate"] is None else f"{100 * r['metrics']['prefix_cache_hit_rate']:.1f}%"),
-]
-
-
-def format_summary(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """One line per (label, run): a sweep, or several files side by side. Latencies in ms."""
-    header = ["", *(name for name, _ in SUMMARY_COLUMNS)]
-    table = [header] + [[label, *(fn(run) for _, fn in SUMMARY_COLUMNS)] for label, run in rows]
-    if not any(label for label, _ in rows):
-        table = [line[1:] for line in table]  # a sweep: the rate column says which run is which
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)).rstrip() for line in table)
+def client_config(args: argparse.Namespace) -> ClientConfig:
+    """The client's settings: the options of the same names, once ``resolve_args`` filled them in."""
+    settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(ClientConfig)}
+    settings["extra_body"] = settings["extra_body"] or {}  # no --extra-body: nothing to merge
+    return ClientConfig(**settings)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -287,19 +273,10 @@ async def _benchmark(args: argparse.Namespace) -> list[RunResult]:
         tokenizer_name = args.tokenizer or (args.model if Path(args.model).is_dir() else None)
         tokenizer = load_tokenizer(tokenizer_name)
         args.tokenizer = tokenizer_name
-        config = ClientConfig(
-            base_url=args.base_url,
-            endpoint=args.endpoint,
-            model=args.model,
-            api_key=args.api_key,
-            ignore_eos=args.ignore_eos,
-            temperature=args.temperature,
-            extra_body=args.extra_body or {},
-        )
         count_tokens = None if tokenizer is None else (lambda text: len(tokenizer.encode(text)))
         return await run_sweep(
             client,
-            config,
+            client_config(args),
             dataset_factory(args, tokenizer),
             args.request_rates,
             max_concurrency=args.max_concurrency,

@@ -183,7 +183,9 @@ async def send_request(
 ) -> RequestRecord:
     """Send one streaming request and return its timeline; failures are recorded, not raised."""
     payload = build_payload(config, request)
-    record = RequestRecord(index=index, send_time=time.perf_counter(), end_time=0.0, requested_output_len=request.output_len)
+    record = RequestRecord(
+        index=index, send_time=time.perf_counter(), end_time=0.0, requested_output_len=request.output_len
+    )
     text: list[str] = []
     usage: dict[str, Any] | None = None
     done = finished = False
@@ -251,11 +253,15 @@ async def send_request(
         record.token_count_source = "usage"
     elif count_tokens is not None:
         record.output_tokens = count_tokens(generated)
-        record.prompt_tokens = request.prompt_len if request.prompt_len is not None else count_tokens(_prompt_text(request))
+        record.prompt_tokens = (
+            request.prompt_len if request.prompt_len is not None else count_tokens(_prompt_text(request))
+        )
         record.token_count_source = "tokenizer"
     else:
         record.output_tokens = estimate_tokens(generated)
-        record.prompt_tokens = request.prompt_len if request.prompt_len is not None else estimate_tokens(_prompt_text(request))
+        record.prompt_tokens = (
+            request.prompt_len if request.prompt_len is not None else estimate_tokens(_prompt_text(request))
+        )
         record.token_count_source = "estimate"
     return record
 

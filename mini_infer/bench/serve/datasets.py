@@ -111,10 +111,12 @@ def random_dataset(
     num_prompts: int,
     input_len: int,
     output_len: int,
-    range_ratio: float,
-    seed: int,
+    range_ratio: float = 0.0,
+    seed: int = 0,
     tokenizer: TextTokenizer | None = None,
 ) -> list[BenchRequest]:
+    """``num_prompts`` random prompts of about ``input_len`` tokens asking for ``output_len`` tokens
+    each, both lengths uniform within ``range_ratio`` of their value (vLLM's random dataset)."""
     rng = random.Random(seed)
     input_lens = uniform_lengths(rng, num_prompts, input_len, range_ratio)
     output_lens = uniform_lengths(rng, num_prompts, output_len, range_ratio)
@@ -131,7 +133,7 @@ def shared_prefix_dataset(
     system_prompt_len: int,
     question_len: int,
     output_len: int,
-    seed: int,
+    seed: int = 0,
     tokenizer: TextTokenizer | None = None,
 ) -> list[BenchRequest]:
     """Groups of prompts sharing a system prompt, shuffled so that groups interleave in time.
@@ -162,7 +164,9 @@ def shared_prefix_dataset(
     return requests
 
 
-def jsonl_dataset(path: str | Path, default_output_len: int | None, tokenizer: TextTokenizer | None = None) -> list[BenchRequest]:
+def jsonl_dataset(
+    path: str | Path, default_output_len: int | None, tokenizer: TextTokenizer | None = None
+) -> list[BenchRequest]:
     """Rows of ``{"prompt": ..., "output_len": ...}`` or ``{"messages": [...], ...}``, in file order."""
     requests = []
     with open(path, encoding="utf-8") as f:
@@ -185,7 +189,9 @@ def jsonl_dataset(path: str | Path, default_output_len: int | None, tokenizer: T
             if output_len is not None and (not isinstance(output_len, int) or output_len < 1):
                 raise ValueError(f"{path}:{line_number}: 'output_len' must be a positive integer")
             prompt_len = len(tokenizer.encode(prompt)) if tokenizer is not None and prompt is not None else None
-            requests.append(BenchRequest(prompt=prompt, messages=messages, prompt_len=prompt_len, output_len=output_len))
+            requests.append(
+                BenchRequest(prompt=prompt, messages=messages, prompt_len=prompt_len, output_len=output_len)
+            )
     if not requests:
         raise ValueError(f"{path}: no prompts")
     return requests

@@ -112,7 +112,9 @@ def _draw_sweep(
 ) -> None:
     # One color per result file; the median solid and the p99 dashed.
     prefix = f"{label} " if label else ""
-    axes[0].plot(positions, [_metric(r, "output_throughput") for r in runs], marker="o", color=color, label=label or None)
+    axes[0].plot(
+        positions, [_metric(r, "output_throughput") for r in runs], marker="o", color=color, label=label or None
+    )
     for stat, style in (("median", "-"), ("p99", "--")):
         for ax, key in ((axes[1], "ttft_ms"), (axes[2], "tpot_ms")):
             values = [_metric(r, key, stat) for r in runs]

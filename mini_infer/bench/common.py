@@ -1,0 +1,52 @@
+"""What the benchmark scripts share (chapters 10, 11 and 12).
+
+* The random-prompt workload of ``offline`` and of ``mini_infer.server.bench_overhead``:
+  ``--num-prompts`` prompts of random token ids, their lengths uniform in ``--input-len LO HI``,
+  ``--output-len`` output tokens each (``add_random_prompt_arguments``, ``random_prompts``).
+* ``write_results``: the ``--json`` file of a script's figures.
+* ``run_script``: the ``main`` of a script run as ``python -m``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def add_random_prompt_arguments(
+    parser: argparse.ArgumentParser, *, num_prompts: int, input_len: tuple[int, int], output_len: int
+) -> None:
+    """``--num-prompts``, ``--input-len LO HI`` and ``--output-len``, with the script's defaults."""
+    parser.add_argument("--num-prompts", type=int, default=num_prompts)
+    parser.add_argument("--input-len", type=int, nargs=2, default=list(input_len), metavar=("LO", "HI"))
+    parser.add_argument("--output-len", type=int, default=output_len)
+
+
+def random_prompts(vocab_size: int, num_prompts: int, input_len: Sequence[int], seed: int) -> list[list[int]]:
+    """``num_prompts`` lists of random token ids, each as long as a draw uniform in [lo, hi] (``input_len``)."""
+    rng = random.Random(seed)
+    lo, hi = input_len
+    return [[rng.randrange(vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(num_prompts)]
+
+
+def write_results(path: str, results: dict[str, Any]) -> None:
+    """Write a script's figures to ``path`` as indented JSON, and say so."""
+    Path(path).write_text(json.dumps(results, indent=2))
+    print(f"wrote {path}")
+
+
+def run_script(
+    prog: str,
+    doc: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """Parse ``argv`` with the script's options (described by its docstring's first paragraph), then ``run``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

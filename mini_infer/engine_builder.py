@@ -1,0 +1,145 @@
+"""Building a whole engine from ``EngineConfig``: every chapter's part, assembled (chapter 10).
+
+``EngineConfig`` declares every engine option once, with vLLM's names and defaults: ``LLM(...)``,
+the server and every command's flags (``cli_options``) are derived from it, so they cannot drift
+apart. ``build_engine(config)`` then does, in order:
+
+1. find the model (chapter 01), choose the device and dtype (chapters 00 and 02), load the
+   tokenizer and the weights, prepacked for a CPU's matrix units (chapters 01-03);
+2. with a ``draft_model``, check that it shares the target's tokenizer and load it (chapter 10);
+3. size the KV pool from a memory budget unless ``num_kv_blocks`` is given (``kv.sizing``), and
+   allocate it once, for the draft too (chapters 04-05);
+4. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
+   draft's slots, the full sampler (chapter 09) or the speculative decoder that verifies
+   (chapter 10), and the engine loop (chapter 06).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mini_infer.config import ModelConfig
+from mini_infer.device import resolve_device, resolve_dtype
+from mini_infer.engine import LLMEngine
+from mini_infer.kv.block_pool import BlockPool
+from mini_infer.kv.paged_attention import PagedKVCache
+from mini_infer.kv.radix_cache import RadixCache
+from mini_infer.kv.sizing import kv_blocks_for_memory
+from mini_infer.model import Qwen2Model
+from mini_infer.model_runner import ModelRunner
+from mini_infer.model_source import resolve_model
+from mini_infer.sampling import Sampler
+from mini_infer.scheduler import Scheduler
+from mini_infer.speculative import SpeculativeDecoder, check_draft_vocabulary
+from mini_infer.tokenizer import Tokenizer
+
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+
+
+def _option(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = field(
+        metadata={"help": "a shipped model ('tiny', 'tiny-draft'), a local Hugging Face directory or a hub id"}
+    )
+    dtype: str | torch.dtype = _option("auto", "auto, float32, bfloat16 or float16")
+    device: str | torch.device = _option("auto", "auto, cpu, cuda, cuda:N or mps")
+    block_size: int = _option(16, "tokens per KV block")
+    num_kv_blocks: int | None = _option(None, "KV pool size in blocks (default: from a memory budget)")
+    kv_cache_memory: int | None = _option(None, "bytes for the KV pool (default: chosen from the device)")
+    gpu_memory_utilization: float = _option(0.9, "on CUDA, the share of the GPU's memory the engine may use")
+    max_num_batched_tokens: int = _option(512, "new tokens per step: the token budget that chunks prompts")
+    max_num_seqs: int = _option(256, "sequences running at once")
+    max_model_len: int | None = _option(None, "longest prompt + output (default: the model's own limit)")
+    enable_prefix_caching: bool = _option(True, "reuse the K/V of shared prompt prefixes (the radix cache)")
+    draft_model: str | None = _option(None, "speculative decoding: a small model with the target's tokenizer")
+    num_speculative_tokens: int = _option(
+        DEFAULT_NUM_SPECULATIVE_TOKENS, "guessed tokens verified per step (with a draft model)"
+    )
+    seed: int = _option(0, "seed of the random stream shared by unseeded requests")
+    show_progress: bool = _option(True, "progress bars while loading")
+
+    def validate(self) -> None:
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+            raise ValueError(f"num_kv_blocks must be a positive integer or None, got {self.num_kv_blocks!r}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(
+                f"kv_cache_memory must be a positive number of bytes or None, got {self.kv_cache_memory!r}"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be a positive integer, got {k!r}")
+        if self.draft_model is None and k != DEFAULT_NUM_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens={k} does nothing without a draft model: give draft_model "
+                "(for example 'tiny-draft' for 'tiny') or leave num_speculative_tokens at its default"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
+
+
+def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, show_progress: bool) -> Qwen2Model:
+    """The weights, streamed from safetensors and, on a CPU with bf16 matrix units, prepacked."""
+    model = Qwen2Model.from_pretrained(model_dir, dtype, device, show_progress=show_progress)
+    model.prepack_weights()
+    return model
+
+
+def build_engine(config: EngineConfig) -> LLMEngine:
+    """An engine with every part its config asks for (see the module docstring)."""
+    config.validate()
+    model_dir = resolve_model(config.model)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    tokenizer = Tokenizer(model_dir)
+    target_config = ModelConfig.from_model_dir(model_dir)
+    draft_dir = None if config.draft_model is None else resolve_model(config.draft_model)
+    if draft_dir is not None:  # before any weights are loaded
+        check_draft_vocabulary(str(config.draft_model), draft_dir, config.model, target_config, tokenizer)
+    model = load_model(model_dir, dtype, device, config.show_progress)
+    draft = None if draft_dir is None else load_model(draft_dir, dtype, device, config.show_progress)
+    models = [model] if draft is None else [model, draft]
+    max_model_len = min([m.config.max_position_embeddings for m in models] + [config.max_model_len or 2**62])
+    num_blocks = config.num_kv_blocks or kv_blocks_for_memory(
+        [m.config for m in models],
+        block_size=config.block_size,
+        dtype=dtype,
+        device=device,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        kv_cache_memory=config.kv_cache_memory,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+    )
+    runners = [ModelRunner(m, PagedKVCache(m.config, num_blocks, config.block_size, dtype, device)) for m in models]
+    # The draft's pool has the same block ids as the target's: one scheduler serves both.
+    speculator = (
+        None
+        if draft is None
+        else SpeculativeDecoder(runners[1], config.num_speculative_tokens, target_config.vocab_size, config.seed)
+    )
+    pool = BlockPool(num_blocks, config.block_size)
+    scheduler = Scheduler(
+        pool,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        prefix_cache=RadixCache(pool) if config.enable_prefix_caching else None,
+        speculation=speculator,
+    )
+    eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
+    sampler = speculator or Sampler(config.seed)
+    return LLMEngine(runners[0], scheduler, tokenizer, eos_token_ids=eos, sampler=sampler, drafter=speculator)

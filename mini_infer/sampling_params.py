@@ -1,0 +1,138 @@
+"""What a request asks for: ``SamplingParams`` (chapter 06; chapter 09 shows how each field acts).
+
+``SamplingParams`` has vLLM's names and defaults. It is validated when it is built, so that a bad
+request fails at the door with a message naming the field; after construction ``stop`` and
+``stop_token_ids`` are always lists. The engine of chapter 06 reads ``max_tokens``, the stops and
+``ignore_eos``; temperature, top-k, top-p, min-p, penalties, seeds and logprobs are the sampler's
+business (chapter 09). A seeded request owns a ``torch.Generator`` (``make_generator``) for its
+whole life, so that preemption or a different batch never changes its tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# vLLM's convention: temperatures this small are treated as 0 (greedy), because dividing the
+# logits by them overflows float32 for no difference in the result.
+_GREEDY_TEMPERATURE = 1e-5
+_MAX_LOGPROBS = 20
+
+
+def _fail(name: str, rule: str, value: object) -> ValueError:
+    return ValueError(f"{name} must be {rule}, got {value!r}")
+
+
+def _as(kind: str, name: str, value: Any) -> Any:
+    """``value`` as an int, a finite number or a bool, or a ValueError naming the field. A bool is
+    not a number here: ``temperature=True`` is a bug in the caller, not 1.0."""
+    if kind == "a bool" and isinstance(value, bool):
+        return value
+    if kind == "a bool" or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _fail(name, kind, value)
+    if kind == "an int":
+        if not isinstance(value, numbers.Integral):
+            raise _fail(name, kind, value)
+        return int(value)
+    if not math.isfinite(value):
+        raise _fail(name, "a finite number", value)
+    return float(value)
+
+
+# Every scalar field: its kind, and the rule its value must keep. seed and logprobs may be None.
+_RULES: dict[str, tuple[str, str, Callable[[Any], bool]]] = {
+    "max_tokens": ("an int", ">= 1", lambda x: x >= 1),
+    "temperature": ("a number", ">= 0", lambda x: x >= 0),
+    "top_p": ("a number", "in (0, 1]", lambda x: 0 < x <= 1),
+    "top_k": ("an int", "-1 (disabled) or >= 1", lambda x: x == -1 or x >= 1),
+    "min_p": ("a number", "in [0, 1]", lambda x: 0 <= x <= 1),
+    "seed": ("an int", "None or an int in [0, 2**64)", lambda x: 0 <= x < 2**64),  # torch's 64-bit seeds
+    "ignore_eos": ("a bool", "a bool", lambda x: True),
+    "logprobs": ("an int", f"None or in [0, {_MAX_LOGPROBS}]", lambda x: 0 <= x <= _MAX_LOGPROBS),
+    "presence_penalty": ("a number", "in [-2, 2]", lambda x: -2 <= x <= 2),
+    "frequency_penalty": ("a number", "in [-2, 2]", lambda x: -2 <= x <= 2),
+    "repetition_penalty": ("a number", "> 0", lambda x: x > 0),
+    "include_stop_str_in_output": ("a bool", "a bool", lambda x: True),
+}
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """What one request asks of the sampler (vLLM's names and defaults).
+
+    After construction ``stop`` and ``stop_token_ids`` are always lists (empty when not given;
+    ``stop`` also takes one string and ``stop_token_ids`` also takes None, as in vLLM).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 (below 1e-5) means greedy
+    top_p: float = 1.0  # in (0, 1]; 1 disables
+    top_k: int = -1  # -1 disables; larger than the vocabulary is clamped
+    min_p: float = 0.0  # in [0, 1]; 0 disables
+    seed: int | None = None  # a seeded request owns a generator (make_generator)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top alternatives besides the chosen token
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name, (kind, rule, holds) in _RULES.items():
+            value = getattr(self, name)
+            if value is None and name in ("seed", "logprobs"):
+                continue
+            value = _as(kind, name, value)
+            if not holds(value):
+                raise _fail(name, rule, value)
+            setattr(self, name, value)
+        self.stop = self._check_stop(self.stop)
+        self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
+
+    @staticmethod
+    def _check_stop(stop: object) -> list[str]:
+        if stop is None:
+            return []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise _fail("stop", "a str or a list of str", stop)
+        if any(s == "" for s in stop):
+            # An empty stop string would match before the first character: almost surely a bug.
+            raise _fail("stop", "non-empty strings", stop)
+        return list(stop)
+
+    @staticmethod
+    def _check_stop_token_ids(ids: object) -> list[int]:
+        if ids is None:
+            return []
+        if isinstance(ids, (list, tuple)) and all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) and int(i) >= 0 for i in ids
+        ):
+            return [int(i) for i in ids]
+        raise _fail("stop_token_ids", "a list of ints >= 0", ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_TEMPERATURE
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    """A random generator on ``device``: seeded, or from fresh entropy when ``seed`` is None."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
