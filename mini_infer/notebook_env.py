@@ -28,10 +28,13 @@ and CI, and makes the rest of the notebook reproducible:
 It also seeds ``random``, NumPy and torch, sets the book's matplotlib defaults and prints one
 summary line. ``show_source(obj)`` displays the package's real source of a function, class or
 module in a notebook: chapters show the code that runs, never a copy that can drift.
+``on_your_own(*functions)`` (and ``without(answer, *functions)``) make an exercise's graded
+test refuse answers that call the code they are checked against.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import random
@@ -40,9 +43,12 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 OFFLINE_MODEL = "tiny"
 HUB_TIMEOUT_S = 2.0
@@ -220,3 +226,49 @@ def show_source(obj: Any) -> SourceCode:
     Jupyter, Colab, Kaggle, GitHub and the book's website render it as a highlighted code block.
     """
     return SourceCode(inspect.getsource(obj).rstrip("\n"))
+
+
+def _refuse(*args: Any, _name: str = "", **kwargs: Any) -> Any:
+    raise AssertionError(f"{_name} would do this exercise for you: write your own code")
+
+
+@contextmanager
+def on_your_own(*functions: Any) -> Iterator[None]:
+    """While the block runs, each of ``functions`` raises when called, by whatever name or
+    reference (a module global, an import under another name, a method, a property): a graded
+    test runs the student's answer inside the block, so an answer that calls the very code it is
+    checked against fails with a clear message; the expected values are computed outside it.
+
+    Give Python functions, methods (``Class.method``), properties or classmethods, of the
+    package, of the notebook or of a library. Each function's code is swapped for a refusal and
+    put back afterwards; a method that calls ``super()`` is replaced in its class instead, and
+    other closures are refused (give the function that calls them).
+    """
+    with ExitStack() as stack:
+        for target in functions:
+            function = getattr(target, "fget", None) or getattr(target, "__func__", None) or target
+            code = getattr(function, "__code__", None)
+            if code is None:
+                raise TypeError(f"on_your_own needs Python functions or methods, got {target!r}")
+            name = function.__qualname__
+            if code.co_freevars:  # a closure: its code cannot be swapped
+                if "__class__" not in code.co_freevars:
+                    raise TypeError(f"on_your_own cannot refuse {name}, a closure: give the function that calls it")
+                # A method that calls super(): the closure's __class__ is its class; replace it there.
+                owner = function.__closure__[code.co_freevars.index("__class__")].cell_contents
+                stack.enter_context(mock.patch.object(owner, function.__name__, functools.partial(_refuse, _name=name)))
+                continue
+            stack.callback(setattr, function, "__code__", code)
+            stack.callback(setattr, function, "__kwdefaults__", function.__kwdefaults__)
+            function.__code__, function.__kwdefaults__ = _refuse.__code__, {"_name": name}
+        yield
+
+
+def without(answer: Callable[..., Any], *functions: Callable[..., Any]) -> Callable[..., Any]:
+    """``answer``, run with ``on_your_own(*functions)`` each time it is called."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with on_your_own(*functions):
+            return answer(*args, **kwargs)
+
+    return call

@@ -159,9 +159,7 @@ def test_hub_probe_gives_up_after_its_timeout(clean_environment: pytest.MonkeyPa
     ("variable", "platform"),
     [("COLAB_RELEASE_TAG", "colab"), ("KAGGLE_KERNEL_RUN_TYPE", "kaggle"), (None, "local")],
 )
-def test_platform_detection(
-    clean_environment: pytest.MonkeyPatch, variable: str | None, platform: str
-) -> None:
+def test_platform_detection(clean_environment: pytest.MonkeyPatch, variable: str | None, platform: str) -> None:
     offline(clean_environment)
     if variable is not None:
         clean_environment.setenv(variable, "1")
@@ -208,3 +206,52 @@ def test_show_source_is_the_real_source() -> None:
 def test_show_source_fence_outlasts_backticks_in_the_source() -> None:
     shown = notebook_env.SourceCode("x = '````'")
     assert shown._repr_markdown_().startswith("`````python\n")
+
+
+def test_on_your_own_refuses_the_code_an_answer_must_not_call_by_any_name():
+    from mini_infer.bench.serve.metrics import RequestRecord
+    from mini_infer.kv import block_pool
+    from mini_infer.kv.block_pool import slot_mapping as renamed
+    from mini_infer.notebook_env import on_your_own, without
+    from mini_infer.server.protocol import CompletionRequest
+    from mini_infer.stop_strings import StopStringChecker
+
+    def notebook_helper() -> int:
+        return 1
+
+    held = {"helper": notebook_helper}  # a reference no module global knows about
+    record = RequestRecord(0, 0.0, 1.0, [0.25, 0.5], output_tokens=3)
+    with on_your_own(block_pool.slot_mapping, notebook_helper, RequestRecord.tpot, StopStringChecker.push):
+        with pytest.raises(AssertionError, match="slot_mapping would do this exercise"):
+            block_pool.slot_for([3, 1], 5, 4)  # calls slot_mapping through the module's global
+        with pytest.raises(AssertionError, match="slot_mapping"):
+            renamed([3], 0, 1, 4)
+        with pytest.raises(AssertionError, match="notebook_helper"):
+            held["helper"]()
+        with pytest.raises(AssertionError, match="RequestRecord.tpot"):
+            _ = record.tpot  # a property
+        with pytest.raises(AssertionError, match="StopStringChecker.push"):
+            StopStringChecker(["x"]).push("abc")
+        assert block_pool.num_blocks_for(5, 4) == 2 and record.itls  # everything else still works
+    assert block_pool.slot_for([3, 1], 5, 4) == 5 and held["helper"]() == 1 and record.tpot == 0.375  # all back
+    # A classmethod of a library, and a method that calls super() (a closure: replaced in its class).
+    with on_your_own(CompletionRequest.model_validate), pytest.raises(AssertionError, match="model_validate"):
+        CompletionRequest.model_validate({"model": "m", "prompt": "hi"})
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "hi"}).prompt == "hi"
+
+    class Base:
+        def size(self) -> int:
+            return 1
+
+    class Child(Base):
+        def size(self) -> int:
+            return super().size() + 1
+
+    with on_your_own(Child.size), pytest.raises(AssertionError, match="Child.size"):
+        Child().size()
+    assert Child().size() == 2
+    answer = without(lambda blocks: block_pool.slot_for(blocks, 0, 4), block_pool.slot_mapping)
+    with pytest.raises(AssertionError, match="slot_mapping"):
+        answer([3])
+    with pytest.raises(TypeError, match="Python functions"), on_your_own(len):
+        pass
