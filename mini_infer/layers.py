@@ -16,8 +16,9 @@ Everything here is plain PyTorch, the same code on CPU and CUDA:
 * ``attention``: grouped-query attention on ``scaled_dot_product_attention``. The query heads
   that share a KV head are folded into the query-length axis (``folded_attention``), so K and V
   are never expanded to every query head (2-5x faster for one decode token on this project's CPU
-  than ``enable_gqa``, which behaved as if K/V were expanded); a sequence attending to itself uses SDPA's causal rule instead, which the
-  fold cannot keep. A mask for the fold is built by ``folded_bias``, once per step in the engine.
+  than ``enable_gqa``, which behaved as if K/V were expanded); a sequence attending to itself
+  uses SDPA's causal rule instead, which the fold cannot keep. A mask for the fold is built by
+  ``folded_bias``, once per step in the engine.
 
 Tensors use the flat token layout of the engine: ``[num_tokens, num_heads, head_dim]``, with no
 batch axis; which tokens belong to which sequence is the attention metadata's business.
