@@ -97,22 +97,7 @@ def test_bench_offline_smoke(tiny_model_dir, tmp_path, capsys):
 def test_bench_speculative_on_the_tiny_pair(tmp_path, capsys):
     out = tmp_path / "spec.json"
     code = main(
-        [
-            "bench",
-            "speculative",
-            "--k",
-            "1,3",
-            "--num-prompts",
-            "4",
-            "--max-tokens",
-            "12",
-            "--repeats",
-            "1",
-            "--dtype",
-            "float32",
-            "--json",
-            str(out),
-        ]
+        f"bench speculative --k 1,3 --num-prompts 4 --max-tokens 12 --repeats 1 --dtype float32 --json {out}".split()
     )
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
@@ -127,24 +112,10 @@ def test_bench_speculative_reads_a_prompts_file_and_refuses_bad_k(tmp_path, caps
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("What is 2 + 3?\n\nSpell cat\n")
     out = tmp_path / "spec.json"
-    code = main(
-        [
-            "bench",
-            "speculative",
-            "--k",
-            "2",
-            "--prompts-file",
-            str(prompts),
-            "--max-tokens",
-            "8",
-            "--repeats",
-            "1",
-            "--dtype",
-            "float32",
-            "--json",
-            str(out),
-        ]
+    command = (
+        f"bench speculative --k 2 --prompts-file {prompts} --max-tokens 8 --repeats 1 --dtype float32 --json {out}"
     )
+    code = main(command.split())
     assert code == 0
     assert json.loads(out.read_text())["rows"][0]["same_outputs"]
     assert "workload: 2 chat questions" in capsys.readouterr().out
