@@ -1,6 +1,9 @@
 """Choosing the device and the dtype (chapter 00; chapter 02 explains the numerics).
 
-``device="auto"``: CUDA when present, then Apple's MPS, else the CPU.
+``device="auto"``: the device named by the environment variable ``MINI_INFER_DEVICE`` when it is
+set (``cpu`` keeps a GPU machine on the CPU without changing code; the test suite runs on the
+device ``MINI_INFER_TEST_DEVICE`` names this way), else CUDA when present, then Apple's MPS, else
+the CPU.
 
 ``dtype="auto"``: bfloat16 where the hardware computes it natively, float16 on GPUs without
 bf16 (a T4 is Turing: compute capability 7.5), float32 otherwise. On a CPU, bf16 is only fast
@@ -12,11 +15,15 @@ the reference the tests compare against.
 from __future__ import annotations
 
 import functools
+import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
+DEVICE_ENV = "MINI_INFER_DEVICE"
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -32,6 +39,8 @@ DTYPES = {
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if isinstance(device, torch.device):
         return device
+    if device == "auto" and os.environ.get(DEVICE_ENV):
+        return resolve_device(os.environ[DEVICE_ENV])
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -45,6 +54,20 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available on this machine; use device='cpu' or 'auto'")
     return resolved
+
+
+def to_device(values: Sequence[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of host ``values`` on ``device``, without making the host wait for it.
+
+    A copy from ordinary (pageable) host memory to a GPU first waits until the GPU has finished
+    everything queued before it: a host sync. A copy from pinned memory is queued like a kernel.
+    Every tensor the engine builds from host lists during a step goes through here, so that a
+    step's only host sync is the one that reads its sampled tokens.
+    """
+    cpu = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return cpu.pin_memory().to(device, non_blocking=True)
+    return cpu.to(device)
 
 
 def synchronize(device: torch.device) -> None:

@@ -7,9 +7,12 @@ apart. ``build_engine(config)`` then does, in order:
 1. find the model (chapter 01), choose the device and dtype (chapters 00 and 02), load the
    tokenizer and the weights, prepacked for a CPU's matrix units (chapters 01-03);
 2. with a ``draft_model``, check that it shares the target's tokenizer and load it (chapter 10);
-3. size the KV pool from a memory budget unless ``num_kv_blocks`` is given (``kv.sizing``), and
-   allocate it once, for the draft too (chapters 04-05);
-4. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
+3. size the KV pool from a memory budget unless ``num_kv_blocks`` is given (``kv.sizing``; on
+   CUDA after measuring the activation peak of the largest step, ``measure_activation_peak``),
+   and allocate it once, for the draft too (chapters 04-05);
+4. on CUDA, unless ``enforce_eager``, let each model's decode steps replay CUDA graphs
+   (``decode_graphs``, chapter 05);
+5. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
    draft's slots, the full sampler (chapter 09) or the speculative decoder that verifies
    (chapter 10), and the engine loop (chapter 06).
 """
@@ -23,16 +26,17 @@ from typing import Any
 import torch
 
 from mini_infer.config import ModelConfig
+from mini_infer.decode_graphs import DecodeGraphs
 from mini_infer.device import resolve_device, resolve_dtype
 from mini_infer.engine import LLMEngine
-from mini_infer.kv.block_pool import BlockPool
+from mini_infer.kv.block_pool import BlockPool, num_blocks_for
 from mini_infer.kv.paged_attention import PagedKVCache
 from mini_infer.kv.radix_cache import RadixCache
 from mini_infer.kv.sizing import kv_blocks_for_memory
 from mini_infer.model import Qwen2Model
-from mini_infer.model_runner import ModelRunner
+from mini_infer.model_runner import ModelRunner, SequenceInput
 from mini_infer.model_source import resolve_model
-from mini_infer.sampling import Sampler
+from mini_infer.sampling import Sampler, SamplingParams
 from mini_infer.scheduler import Scheduler
 from mini_infer.speculative import SpeculativeDecoder, check_draft_vocabulary
 from mini_infer.tokenizer import Tokenizer
@@ -63,6 +67,7 @@ class EngineConfig:
     num_speculative_tokens: int = _option(
         DEFAULT_NUM_SPECULATIVE_TOKENS, "guessed tokens verified per step (with a draft model)"
     )
+    enforce_eager: bool = _option(False, "on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     seed: int = _option(0, "seed of the random stream shared by unseeded requests")
     show_progress: bool = _option(True, "progress bars while loading")
 
@@ -98,6 +103,42 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, show_p
     return model
 
 
+def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> int:
+    """Bytes the largest step needs on the GPU besides the weights and the KV pool, measured: each
+    model runs one step of ``max_num_batched_tokens`` new tokens with logits for as many sequences
+    as can run (``max_num_seqs``), sampled with a temperature and top-p (the sampler's float32
+    copies and its sort are a large part of it, at a 151,936-token vocabulary); with a draft
+    model, the distributions of a step's guesses are held meanwhile. Its scratch pools are left
+    out of the count; the allocator's peak over what was held before is the answer."""
+    device, block = models[0].device, config.block_size
+    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+    first = config.max_num_batched_tokens - rows + 1  # one long chunk, then one token per sequence
+    blocks = [list(range(num_blocks_for(first, block)))]
+    blocks += [[len(blocks[0]) + i] for i in range(rows - 1)]
+    inputs = [SequenceInput([0] * first, 0, blocks[0], samples=True)]
+    inputs += [SequenceInput([0], 0, table, samples=True) for table in blocks[1:]]
+    torch.cuda.synchronize(device)
+    held = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    peak = 0
+    # With a draft, a step's sampled guesses keep their distributions until the target verifies
+    # them: up to one float32 row of the vocabulary per new token of the step.
+    guesses = None
+    if len(models) > 1:
+        guesses = torch.empty(config.max_num_batched_tokens, models[0].config.vocab_size, device=device)
+    for model in models:
+        scratch = PagedKVCache(model.config, len(blocks[0]) + rows - 1, block, model.dtype, device)
+        runner = ModelRunner(model, scratch)
+        logits = runner.execute(runner.prepare(inputs))
+        Sampler(config.seed)(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * rows)
+        torch.cuda.synchronize(device)
+        peak = max(peak, torch.cuda.max_memory_allocated(device) - held - scratch.nbytes)
+        del scratch, runner, logits
+    del guesses
+    torch.cuda.empty_cache()
+    return peak
+
+
 def build_engine(config: EngineConfig) -> LLMEngine:
     """An engine with every part its config asks for (see the module docstring)."""
     config.validate()
@@ -120,11 +161,20 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         device=device,
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
-        max_num_batched_tokens=config.max_num_batched_tokens,
         kv_cache_memory=config.kv_cache_memory,
         gpu_memory_utilization=config.gpu_memory_utilization,
+        activation_bytes=measure_activation_peak(models, config) if device.type == "cuda" else 0,
     )
     runners = [ModelRunner(m, PagedKVCache(m.config, num_blocks, config.block_size, dtype, device)) for m in models]
+    if device.type == "cuda" and not config.enforce_eager:  # decode steps replay CUDA graphs (chapter 05)
+        for runner in runners:
+            runner.static_decode = DecodeGraphs(
+                runner.model,
+                runner.kv_cache,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=max_model_len,
+                capture=True,
+            )
     # The draft's pool has the same block ids as the target's: one scheduler serves both.
     speculator = (
         None

@@ -3,14 +3,22 @@
 Everything here is plain PyTorch, the same code on CPU and CUDA:
 
 * ``rms_norm``: reduction in float32 whatever the input dtype (fp16 activations of Qwen2.5 can
-  overflow a half-precision sum of squares), result cast back, then scaled, as Hugging Face does.
+  overflow a half-precision sum of squares), result cast to the weight's dtype, then scaled, as
+  Hugging Face does.
+* ``residual_dtype``: the numerics policy for half precision. Qwen2 and Qwen2.5 were trained in
+  bf16, whose range is float32's; a few channels of their residual stream ("massive
+  activations") grow past 65,504, the largest float16, and a float16 residual becomes ``inf``,
+  then NaN after the next RMSNorm. So with float16 weights the residual stream (the running sum
+  of every layer's output) is kept in float32; every matmul still runs in float16 on a
+  normalised input, and attention's scores and softmax are accumulated in float32 by every SDPA
+  kernel the engine uses. bfloat16 keeps a bfloat16 residual, as the models were trained.
 * ``RotaryEmbedding``: the cos/sin table is computed once, in float32, for every position up to
   the model's maximum; a forward pass only indexes it with the tokens' positions.
 * ``silu_and_mul``: SwiGLU on a fused ``[gate | up]`` projection (one matmul instead of two).
 * ``linear``: ``x @ W.T + b``, for a plain weight or one *prepacked* once for the CPU's matrix
   units (``prepack_linear_weight``). ``F.linear`` on a bf16 CPU tensor hands oneDNN a plain
   row-major weight, which it re-lays into its blocked format on every call; a weight packed
-  once skips that: 1.3-2.1x faster matmuls at decode batch sizes on this project's 2-core CPU
+  once skips that: faster matmuls at decode batch sizes on this project's 2-core CPU
   (chapter 02 measures it), equally accurate (both round one float32 accumulation to bf16; where
   the blocking differs, so may the last bit).
 * ``attention``: grouped-query attention on ``scaled_dot_product_attention``. The query heads
@@ -19,6 +27,11 @@ Everything here is plain PyTorch, the same code on CPU and CUDA:
   than ``enable_gqa``, which behaved as if K/V were expanded); a sequence attending to itself
   uses SDPA's causal rule instead, which the fold cannot keep. A mask for the fold is built by
   ``folded_bias``, once per step in the engine.
+* ``sdpa_backends``: which SDPA kernels attention may use on a device and dtype, and why: the
+  fold needs no ``enable_gqa`` (which, in the torch versions Colab and Kaggle ship, reached only
+  the flash kernel), so the same layout lands on a kernel that exists on every GPU: flash on
+  Ampere and later, memory-efficient on a T4 (Turing has no flash kernel), the CPU's own flash
+  kernel on a CPU; the math kernel is the last resort everywhere.
 
 Tensors use the flat token layout of the engine: ``[num_tokens, num_heads, head_dim]``, with no
 batch axis; which tokens belong to which sequence is the attention metadata's business.
@@ -28,6 +41,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 # oneDNN chooses its blocked layout for an expected number of rows; any row count works with it.
 # 512 (the engine's default token budget) measured as fast as 64 for decode-sized batches and
@@ -62,11 +76,35 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def sdpa_backends(
+    device: torch.device, dtype: torch.dtype, capability: tuple[int, int] | None = None
+) -> list[SDPBackend]:
+    """The SDPA kernels attention may use on ``device`` for ``dtype``, best first (see the module
+    docstring). ``capability`` is the CUDA compute capability, read from the device when None."""
+    if device.type != "cuda":
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # the CPU's flash kernel takes every dtype
+    major, minor = capability if capability is not None else torch.cuda.get_device_capability(device)
+    if dtype == torch.bfloat16 and major < 8:
+        raise ValueError(
+            f"bfloat16 needs a GPU of compute capability 8.0 or more; this one is {major}.{minor}: use float16"
+        )
+    if dtype == torch.float32 or major < 8:  # flash kernels: half precision on sm80+ only
+        return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as Qwen2 defines it: ``weight * (x / rms(x))``, the statistics in float32."""
+    """RMSNorm as Qwen2 defines it: ``weight * (x / rms(x))``, the statistics in float32, the
+    result in the weight's dtype (a float32 residual stream feeds float16 matmuls)."""
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
+    return weight * normed.to(weight.dtype)
+
+
+def residual_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the residual stream for weights of ``dtype``: float32 for float16 (whose
+    range massive activations exceed), else ``dtype`` itself (see the module docstring)."""
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

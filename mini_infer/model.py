@@ -19,9 +19,13 @@ is never held twice in memory.
 On a CPU with bf16 matrix units the engine then calls ``prepack_weights()``: every matmul weight
 is replaced by a copy in oneDNN's blocked layout (``layers.prepack_linear_weight``, chapter 02),
 which ``layers.linear`` reads directly. Results are as accurate (the last bf16 bit may differ);
-matmuls at decode batch sizes run 1.3-2.1x faster. A tied output projection gets its own packed
-copy (the embedding table stays plain for lookups), which costs ``vocab x hidden`` more memory.
+matmuls at decode batch sizes run faster (chapter 02 measures by how much). A tied output
+projection gets its own packed copy (the embedding table stays plain for lookups), which costs
+``vocab x hidden`` more memory.
 Packed weights are opaque: load weights before packing, never after.
+
+With float16 weights the residual stream runs in float32 (``residual_dtype``, the numerics policy
+of chapter 02): ``forward`` keeps ``hidden`` in it and every RMSNorm hands float16 to the matmuls.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from mini_infer.layers import (
     can_prepack,
     linear,
     prepack_linear_weight,
+    residual_dtype,
     rms_norm,
     silu_and_mul,
 )
@@ -134,6 +139,8 @@ class Qwen2Model(nn.Module):
                 torch.empty(config.vocab_size, h, dtype=dtype, device=device), requires_grad=False
             )
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, device)
+        # float32 under float16 weights: the numerics policy of chapter 02 (layers.residual_dtype).
+        self.residual_dtype = residual_dtype(dtype)
 
     @classmethod
     def from_pretrained(
@@ -210,7 +217,7 @@ class Qwen2Model(nn.Module):
         c = self.config
         num_tokens = input_ids.shape[0]
         cos, sin = self.rope.cos_sin(positions, self.dtype)
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = F.embedding(input_ids, self.embed).to(self.residual_dtype)
         for index, layer in enumerate(self.layers):
             assert isinstance(layer, Qwen2Layer)
             x = rms_norm(hidden, layer.input_norm, c.rms_norm_eps)

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
+from mini_infer.device import to_device
 from mini_infer.kv.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache, build_metadata
+from mini_infer.layers import sdpa_backends
 from mini_infer.model import Qwen2Model
 
 # Only short, decode-like groups are batched: a long chunk attends better on its own, where a
@@ -86,6 +90,14 @@ class ForwardBatch:
         return sum(q * c for q, c in zip(self.query_lens, self.context_lens))
 
 
+class StaticDecode(Protocol):
+    """Decode steps through a padded, shape-static step (``decode_graphs``: CUDA graphs)."""
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """The batch's logits, or None when the batch is not a decode step it serves."""
+        ...
+
+
 class ModelRunner:
     """One model and its paged KV cache: ``prepare`` a batch, then ``execute`` it."""
 
@@ -93,6 +105,8 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.device
+        self.attention_kernels = sdpa_backends(model.device, model.dtype)  # chapter 02
+        self.static_decode: StaticDecode | None = None  # set by the engine builder on CUDA
 
     def prepare(self, inputs: Sequence[SequenceInput]) -> ForwardBatch:
         batch_q = _batched_query_len(inputs)
@@ -121,7 +135,7 @@ class ModelRunner:
         )
 
         def tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=self.device)
+            return to_device(values, torch.long, self.device)
 
         return ForwardBatch(
             tensor(input_ids),
@@ -138,7 +152,12 @@ class ModelRunner:
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits ``[R, vocab]`` of the batch's logit rows, in the model's dtype (a greedy step
         never needs a float32 copy of them)."""
-        hidden = self.model.forward(batch.input_ids, batch.positions, PagedAttention(self.kv_cache, batch.attention))
+        with sdpa_kernel(self.attention_kernels):
+            if self.static_decode is not None and (logits := self.static_decode.run(batch)) is not None:
+                return logits
+            hidden = self.model.forward(
+                batch.input_ids, batch.positions, PagedAttention(self.kv_cache, batch.attention)
+            )
         if not batch.num_logits:
             return torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype, device=self.device)
         return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)

@@ -275,3 +275,36 @@ def random_model_dir(shape: str, dtype: str, cache_dir: Path = RANDOM_MODELS_CAC
         print(f"writing a random-weight {shape} model to {path} (once)")
         write_random_model(path, shape, seed=0, dtype=dtype)
     return path
+
+
+def add_massive_activations(model_dir: str | Path, *, add_per_layer: float = 40000.0, key_bias: float = 30.0) -> Path:
+    """Give a model written by ``write_random_model`` (float32, one ``model.safetensors``) what
+    breaks Qwen2 in float16: a residual channel that grows past 65,504 and large key biases.
+
+    Channel 0 of the residual stream is read by no projection; the last two layers each add
+    ``add_per_layer`` to it (a value bias of 100 that the output projection scales), so that no
+    single matmul output overflows float16 but their sum does. The final norm gives the channel
+    weight 0, so the next token still depends on the other channels, whose scale the norm's
+    weights restore. Every layer's key biases grow by ``key_bias``. Chapter 02 and the tests use
+    it to show the float16 policy of ``layers.residual_dtype`` at work.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(model_dir) / "model.safetensors"
+    tensors = load_file(str(path))
+    layers = sorted({int(name.split(".")[2]) for name in tensors if name.startswith("model.layers.")})
+    for layer in layers:
+        p = f"model.layers.{layer}."
+        tensors[p + "self_attn.k_proj.bias"] += key_bias
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            tensors[p + name + ".weight"][:, 0] = 0.0
+        if layer >= layers[-1] - 1:
+            tensors[p + "self_attn.v_proj.bias"][0] = 100.0
+            tensors[p + "self_attn.o_proj.weight"][:, 0] = 0.0
+            tensors[p + "self_attn.o_proj.weight"][0, :] = 0.0
+            tensors[p + "self_attn.o_proj.weight"][0, 0] = add_per_layer / 100.0
+    norm = tensors["model.norm.weight"]
+    norm[:] = 1000.0
+    norm[0] = 0.0
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return Path(model_dir)

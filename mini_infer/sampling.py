@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mini_infer.device import to_device
 from mini_infer.greedy import SampledTokens, argmax_rows, keep_per_sequence
 from mini_infer.model_runner import ForwardBatch
 from mini_infer.outputs import TokenLogprob
@@ -63,19 +64,6 @@ __all__ = [
     "probs_from_logits",
     "sample_from_probs",
 ]
-
-
-def _to_device(
-    values: Sequence[float] | Sequence[int] | Sequence[bool] | Sequence[Sequence[int]],
-    dtype: torch.dtype,
-    device: torch.device,
-) -> Tensor:
-    cpu = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        # A copy from ordinary (pageable) host memory makes the host wait until the device has
-        # finished everything queued before it: a host sync. Pinned memory copies asynchronously.
-        return cpu.pin_memory().to(device, non_blocking=True)
-    return cpu.to(device)
 
 
 def apply_penalties(
@@ -154,7 +142,7 @@ def probs_from_logits(logits: Tensor, params_list: Sequence[SamplingParams]) -> 
         )
     device = logits.device
     raw = logits.to(torch.float32)
-    scaled = raw / _to_device(_temperatures(params_list), torch.float32, device).unsqueeze(1)
+    scaled = raw / to_device(_temperatures(params_list), torch.float32, device).unsqueeze(1)
     # The filters are skipped when no row uses them: a host-side decision from the params, so
     # the common case (plain temperature sampling) pays for no sort.
     if any(p.top_k != -1 for p in params_list):
@@ -162,15 +150,15 @@ def probs_from_logits(logits: Tensor, params_list: Sequence[SamplingParams]) -> 
         top_ks = [min(p.top_k, 2**31 - 1) for p in params_list]
         enabled = [k for k in top_ks if 0 < k < scaled.shape[-1]]
         if enabled:
-            scaled = apply_top_k(scaled, _to_device(top_ks, torch.long, device), max_k=max(enabled))
+            scaled = apply_top_k(scaled, to_device(top_ks, torch.long, device), max_k=max(enabled))
     if any(p.top_p < 1.0 for p in params_list):
-        scaled = apply_top_p(scaled, _to_device([p.top_p for p in params_list], torch.float32, device))
+        scaled = apply_top_p(scaled, to_device([p.top_p for p in params_list], torch.float32, device))
     if any(p.min_p > 0.0 for p in params_list):
-        scaled = apply_min_p(scaled, _to_device([p.min_p for p in params_list], torch.float32, device))
+        scaled = apply_min_p(scaled, to_device([p.min_p for p in params_list], torch.float32, device))
     probs = scaled.softmax(dim=-1)
     if any(p.greedy for p in params_list):
         one_hot = torch.zeros_like(probs).scatter_(1, argmax_rows(raw).unsqueeze(1), 1.0)
-        greedy = _to_device([p.greedy for p in params_list], torch.bool, device).unsqueeze(1)
+        greedy = to_device([p.greedy for p in params_list], torch.bool, device).unsqueeze(1)
         probs = torch.where(greedy, one_hot, probs)
     return probs
 
@@ -256,7 +244,7 @@ def _token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, device: t
     width = max((len(ids) for ids in token_ids), default=0)
     # Pad with an extra id V, counted into a column that is dropped: no masking needed.
     padded = [list(ids) + [vocab_size] * (width - len(ids)) for ids in token_ids]
-    index = _to_device(padded, torch.long, device).view(len(token_ids), width)
+    index = to_device(padded, torch.long, device).view(len(token_ids), width)
     counts = torch.zeros(len(token_ids), vocab_size + 1, dtype=torch.float32, device=device)
     counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))
     return counts[:, :vocab_size]
@@ -375,7 +363,7 @@ class Sampler:
         ``SamplerOutput``); ``logits`` are the penalised float32 ones."""
         asked = [p.logprobs for p in params_list if p.logprobs is not None]
         if asked:
-            temperature = _to_device(_temperatures(params_list), torch.float32, logits.device).unsqueeze(1)
+            temperature = to_device(_temperatures(params_list), torch.float32, logits.device).unsqueeze(1)
             logprobs = (logits / temperature).log_softmax(dim=-1)
             output.logprobs = logprobs.gather(1, output.token_ids.unsqueeze(1)).squeeze(1)
             top = logprobs.topk(min(max(asked), logprobs.shape[1]), dim=-1)
@@ -409,9 +397,9 @@ class Sampler:
             logits,
             _token_counts(prompt, vocab, logits.device),
             _token_counts(output, vocab, logits.device),
-            _to_device([p.repetition_penalty for p in params_list], torch.float32, logits.device),
-            _to_device([p.presence_penalty for p in params_list], torch.float32, logits.device),
-            _to_device([p.frequency_penalty for p in params_list], torch.float32, logits.device),
+            to_device([p.repetition_penalty for p in params_list], torch.float32, logits.device),
+            to_device([p.presence_penalty for p in params_list], torch.float32, logits.device),
+            to_device([p.frequency_penalty for p in params_list], torch.float32, logits.device),
         )
 
     @staticmethod

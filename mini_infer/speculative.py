@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mini_infer.config import ModelConfig
+from mini_infer.device import to_device
 from mini_infer.engine import Proposal
 from mini_infer.greedy import SampledTokens, argmax_rows
 from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
@@ -199,7 +200,7 @@ class SpeculativeDecoder(Sampler):
         out = torch.zeros(total, first.shape[1], dtype=torch.float32, device=first.device)
         for j, (active, probs) in enumerate(probs_per_pass):
             assert probs is not None
-            out.index_copy_(0, torch.tensor([offsets[i] + j for i in active], device=first.device), probs)
+            out.index_copy_(0, to_device([offsets[i] + j for i in active], torch.long, first.device), probs)
         return out
 
     # ----------------------------------------------------------------- the target's verdict
@@ -230,8 +231,8 @@ class SpeculativeDecoder(Sampler):
         logits = self.penalise(logits.to(torch.float32), params, prompts, outputs)
         probs = probs_from_logits(logits, params)
         device = logits.device
-        guesses = torch.tensor(
-            [t for rows, g in zip(batch.rows_of, batch.draft_token_ids) if rows for t in (*g, 0)], device=device
+        guesses = to_device(
+            [t for rows, g in zip(batch.rows_of, batch.draft_token_ids) if rows for t in (*g, 0)], torch.long, device
         )
         uniforms = self._uniforms(batch, seqs, device)
         exponentials = self.exponentials(probs.shape, params, generators, self.generator_for(device), device)

@@ -1,16 +1,26 @@
-"""Shared fixtures: small random-weight Qwen2 models written once per test session.
+"""Shared fixtures: small random-weight Qwen2 models written once per test session, and the
+device the tests run on.
 
 Nothing here downloads anything: every model is built by ``mini_infer.offline_models``.
+
+``MINI_INFER_TEST_DEVICE=cuda pytest`` runs the suite's engines on CUDA: every engine built with
+``device="auto"`` resolves to it (through ``MINI_INFER_DEVICE``), and the tests that place
+tensors themselves read ``TEST_DEVICE``. Without it the suite runs on the CPU, even on a GPU
+machine.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from mini_infer.offline_models import write_random_model
+
+TEST_DEVICE = torch.device(os.environ.get("MINI_INFER_TEST_DEVICE", "cpu"))
+os.environ["MINI_INFER_DEVICE"] = str(TEST_DEVICE)  # what device="auto" means in every test
 
 # Shapes chosen to cover what differs between real checkpoints: tied and untied embeddings,
 # GQA ratios 2, 4 and 1 (multi-head), and a head_dim that is not hidden / heads.

@@ -22,7 +22,7 @@ QWEN_0_5B = _config(24, 2, 64)  # the Qwen2.5-0.5B draft's
 
 def blocks(configs, memory, **overrides):
     settings = dict(block_size=16, dtype=torch.float16, device=torch.device("cpu"), max_num_seqs=256)
-    settings |= dict(max_model_len=4096, max_num_batched_tokens=512, kv_cache_memory=memory) | overrides
+    settings |= dict(max_model_len=4096, kv_cache_memory=memory) | overrides
     return kv_blocks_for_memory(configs, **settings)
 
 
@@ -45,3 +45,43 @@ def test_never_more_blocks_than_the_sequences_can_use():
 def test_a_budget_without_room_for_one_block_is_a_clear_error():
     with pytest.raises(MemoryError, match="num_kv_blocks"):
         blocks([QWEN_1_5B], 1000)
+
+
+def test_on_cuda_the_budget_is_the_cards_share_minus_what_is_held_and_the_activation_peak(monkeypatch):
+    """A 6 GiB card at gpu_memory_utilization 0.9 with 4.5 GiB already held (weights of the 1.5B
+    target and the 0.5B draft in float16, the CUDA context) and a 300 MiB activation peak: the pool
+    gets the 622 MiB left, at 448 + 192 KiB per block id (the card is faked: no GPU here)."""
+    gib, mib = 2**30, 2**20
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(1.5 * gib), 6 * gib))
+    settings = dict(block_size=16, dtype=torch.float16, device=torch.device("cuda"), max_num_seqs=256)
+    settings |= dict(max_model_len=32768, gpu_memory_utilization=0.9, activation_bytes=300 * mib)
+    got = kv_blocks_for_memory([QWEN_1_5B, QWEN_0_5B], **settings)
+    assert got == int(0.9 * 6 * gib - 4.5 * gib - 300 * mib) // (458_752 + 196_608) == 994  # ~15,900 tokens
+    with pytest.raises(MemoryError, match="gpu_memory_utilization"):
+        kv_blocks_for_memory([QWEN_1_5B, QWEN_0_5B], **(settings | dict(activation_bytes=gib)))
+
+
+def test_the_activation_peak_is_measured_from_the_largest_step(tiny_model_dir, monkeypatch):
+    """measure_activation_peak runs the largest step (a chunk and max_num_seqs logit rows, sampled)
+    on each model and reads the allocator's peak; the allocator is faked here, the step is real."""
+    from mini_infer.engine_builder import EngineConfig, measure_activation_peak
+    from mini_infer.model import Qwen2Model
+
+    model = Qwen2Model.from_pretrained(tiny_model_dir, torch.float32, show_progress=False)
+    ran = []
+    original = PagedKVCache.__init__
+
+    def counting_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        ran.append(self.nbytes)
+
+    monkeypatch.setattr(PagedKVCache, "__init__", counting_init)
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10_000)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 10_000 + ran[-1] + 7_000)
+    config = EngineConfig(model=str(tiny_model_dir), max_num_batched_tokens=40, max_num_seqs=8)
+    assert measure_activation_peak([model], config) == 7_000
+    # The scratch pool holds the 33-token chunk and seven single-token sequences: 3 + 7 blocks
+    # (and the cache's null block).
+    assert ran == [PagedKVCache.bytes_per_block(model.config, 16, torch.float32) * (10 + 1)]

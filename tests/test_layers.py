@@ -80,3 +80,47 @@ def test_gqa_attention_matches_naive(heads, kv_heads, num_queries, num_keys):
     k, v = torch.randn(num_keys, kv_heads, 16), torch.randn(num_keys, kv_heads, 16)
     expected = _naive_attention(q, k, v, offset=num_keys - num_queries)
     torch.testing.assert_close(attention(q, k, v, causal=True), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_kernels_are_chosen_per_gpu_and_dtype(monkeypatch):
+    """A T4 (sm_75) in float16 gets the memory-efficient kernel, Ampere and later flash first,
+    a CPU its own flash kernel; math is always the last resort. The capability is mocked."""
+    from torch.nn.attention import SDPBackend
+
+    from mini_infer.layers import sdpa_backends
+
+    flash, efficient, math = SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
+    cuda = torch.device("cuda")
+    assert sdpa_backends(torch.device("cpu"), torch.bfloat16) == [flash, math]
+    cases = {
+        ((7, 5), torch.float16): [efficient, math],  # a T4: no flash kernel before sm_80
+        ((7, 5), torch.float32): [efficient, math],
+        ((8, 0), torch.bfloat16): [flash, efficient, math],  # A100
+        ((8, 9), torch.float16): [flash, efficient, math],  # L4
+        ((9, 0), torch.float32): [efficient, math],  # flash kernels take half precision only
+    }
+    for (capability, dtype), kernels in cases.items():
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert sdpa_backends(cuda, dtype) == kernels, (capability, dtype)
+        assert sdpa_backends(cuda, dtype, capability) == kernels
+    with pytest.raises(ValueError, match="float16"):
+        sdpa_backends(cuda, torch.bfloat16, (7, 5))
+
+
+def test_the_fold_runs_on_each_chosen_cpu_kernel():
+    """The layout the engine uses (the fold, with an additive mask) on the CPU's kernels, flash
+    and math alike, equals attention with K/V expanded to every query head."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from mini_infer.layers import attention
+
+    q, k, v = torch.randn(5, 6, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1).repeat_interleave(3, 0),
+        v.transpose(0, 1).repeat_interleave(3, 0),
+        attn_mask=torch.ones(5, 9, dtype=torch.bool).tril(diagonal=4),
+    ).transpose(0, 1)
+    for kernel in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
+        with sdpa_kernel([kernel]):
+            torch.testing.assert_close(attention(q, k, v, causal=True), expected)

@@ -1,5 +1,5 @@
-"""The model against Hugging Face ``transformers`` with the same weights (fp32, max |diff| <= 1e-4),
-and the bf16 model with prepacked CPU weights against the plain one."""
+"""The model against Hugging Face ``transformers`` with the same weights (fp32, max |diff| <= 1e-4,
+on the test device), and the bf16 model with prepacked CPU weights against the plain one."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from mini_infer.layers import can_prepack, linear, prepack_linear_weight
 from mini_infer.model import ContiguousKVCache, FullAttention, Qwen2Layer, Qwen2Model
-from tests.conftest import MODEL_VARIANTS
+from tests.conftest import MODEL_VARIANTS, TEST_DEVICE
 
 TOLERANCE = 1e-4
 
@@ -17,7 +17,7 @@ TOLERANCE = 1e-4
 def pairs(model_dirs):
     result = {}
     for name in MODEL_VARIANTS:
-        ours = Qwen2Model.from_pretrained(model_dirs[name], torch.float32, show_progress=False)
+        ours = Qwen2Model.from_pretrained(model_dirs[name], torch.float32, TEST_DEVICE, show_progress=False)
         theirs = AutoModelForCausalLM.from_pretrained(model_dirs[name], dtype=torch.float32).eval()
         result[name] = (ours, theirs)
     return result
@@ -28,30 +28,32 @@ def test_logits_match_transformers(pairs, variant):
     ours, theirs = pairs[variant]
     ids = torch.randint(0, ours.config.vocab_size, (45,))
     with torch.no_grad():
-        expected = theirs(ids[None]).logits[0]
-    got = ours.compute_logits(ours.forward(ids, torch.arange(45), FullAttention()))
+        expected = theirs(ids[None]).logits[0].to(TEST_DEVICE)
+    ids = ids.to(TEST_DEVICE)
+    got = ours.compute_logits(ours.forward(ids, torch.arange(45, device=TEST_DEVICE), FullAttention()))
     assert (got - expected).abs().max().item() <= TOLERANCE
 
 
 @pytest.mark.parametrize("variant", ["tied-gqa2", "untied-gqa4"])
 def test_contiguous_cache_equals_recompute(pairs, variant):
     ours, _ = pairs[variant]
-    ids = torch.randint(0, ours.config.vocab_size, (30,))
-    full = ours.compute_logits(ours.forward(ids, torch.arange(30), FullAttention()))
-    cache = ContiguousKVCache(ours.config, 32, torch.float32, "cpu")
-    pieces = [ours.compute_logits(ours.forward(ids[:17], torch.arange(17), cache))]
+    ids = torch.randint(0, ours.config.vocab_size, (30,), device=TEST_DEVICE)
+    positions = torch.arange(30, device=TEST_DEVICE)
+    full = ours.compute_logits(ours.forward(ids, positions, FullAttention()))
+    cache = ContiguousKVCache(ours.config, 32, torch.float32, TEST_DEVICE)
+    pieces = [ours.compute_logits(ours.forward(ids[:17], positions[:17], cache))]
     cache.advance(17)
     for t in range(17, 30):
-        pieces.append(ours.compute_logits(ours.forward(ids[t : t + 1], torch.tensor([t]), cache)))
+        pieces.append(ours.compute_logits(ours.forward(ids[t : t + 1], positions[t : t + 1], cache)))
         cache.advance(1)
     assert (torch.cat(pieces) - full).abs().max().item() <= TOLERANCE
 
 
 def test_contiguous_cache_refuses_overflow(pairs):
     ours, _ = pairs["tied-gqa2"]
-    cache = ContiguousKVCache(ours.config, 4, torch.float32, "cpu")
+    cache = ContiguousKVCache(ours.config, 4, torch.float32, TEST_DEVICE)
     with pytest.raises(ValueError, match="holds 4 tokens"):
-        ours.forward(torch.zeros(5, dtype=torch.long), torch.arange(5), cache)
+        ours.forward(torch.zeros(5, dtype=torch.long, device=TEST_DEVICE), torch.arange(5, device=TEST_DEVICE), cache)
 
 
 def test_bf16_close_to_fp32(model_dirs):

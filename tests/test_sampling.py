@@ -24,8 +24,10 @@ from mini_infer.sampling import (
     sample_from_probs,
 )
 from mini_infer.stop_strings import StopStringChecker
+from tests.conftest import TEST_DEVICE
 
-CPU = torch.device("cpu")
+# The sampling tests below run on the test device (MINI_INFER_TEST_DEVICE; the DEVICE by default).
+DEVICE = TEST_DEVICE
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,14 +339,14 @@ def test_presence_and_frequency_penalties_ignore_the_prompt() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_greedy_is_argmax(dtype: torch.dtype) -> None:
-    logits = torch.randn(16, 100, generator=torch.Generator().manual_seed(2)).to(dtype)
+    logits = torch.randn(16, 100, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
     params = [SamplingParams(temperature=0, top_k=3, top_p=0.1, seed=i) for i in range(16)]
-    gens = [make_generator(i, CPU) for i in range(16)]
+    gens = [make_generator(i, DEVICE) for i in range(16)]
     out = Sampler(seed=0)(logits, params, gens)
     assert out.token_ids.dtype == torch.long
     assert out.token_ids.tolist() == logits.float().argmax(-1).tolist()
     # Greedy rows draw nothing from their generators.
-    assert all(torch.equal(g.get_state(), make_generator(i, CPU).get_state()) for i, g in enumerate(gens))
+    assert all(torch.equal(g.get_state(), make_generator(i, DEVICE).get_state()) for i, g in enumerate(gens))
 
 
 @settings(max_examples=60, deadline=None)
@@ -371,14 +373,14 @@ def test_greedy_rows_of_a_low_precision_batch_skip_the_float32_copy() -> None:
 
 
 def empirical(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    return torch.bincount(tokens, minlength=vocab).float() / tokens.numel()
+    return torch.bincount(tokens.cpu(), minlength=vocab).float() / tokens.numel()
 
 
 def test_temperature_sampling_matches_softmax() -> None:
     vocab, draws = 6, 40_000
     logits = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, -3.0])
     params = SamplingParams(temperature=0.7)
-    out = Sampler(seed=1234)(logits.expand(draws, vocab), [params] * draws)
+    out = Sampler(seed=1234)(logits.to(DEVICE).expand(draws, vocab), [params] * draws)
     # 40,000 draws: the standard error of a frequency is at most 0.0025, so 0.012 is ~5 sigma.
     expected = (logits / 0.7).softmax(-1)
     assert (empirical(out.token_ids, vocab) - expected).abs().max() < 0.012
@@ -390,7 +392,7 @@ def test_filtered_sampling_matches_probs_from_logits() -> None:
     vocab, draws = 12, 40_000
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3))
     params = SamplingParams(temperature=1.5, top_k=8, top_p=0.9, min_p=0.1)
-    out = Sampler(seed=99)(logits.expand(draws, vocab), [params] * draws)
+    out = Sampler(seed=99)(logits.to(DEVICE).expand(draws, vocab), [params] * draws)
     expected = probs_from_logits(logits[None], [params])[0]
     freq = empirical(out.token_ids, vocab)
     assert (freq - expected).abs().max() < 0.012
@@ -399,16 +401,16 @@ def test_filtered_sampling_matches_probs_from_logits() -> None:
 
 
 def test_sample_from_probs_matches_probs() -> None:
-    probs = torch.tensor([0.5, 0.0, 0.2, 0.3]).expand(40_000, 4)
-    tokens = sample_from_probs(probs, make_generator(5, CPU))
-    assert (empirical(tokens, 4) - probs[0]).abs().max() < 0.012
-    unnormalised = sample_from_probs(probs * 7.0, make_generator(5, CPU))
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.3], device=DEVICE).expand(40_000, 4)
+    tokens = sample_from_probs(probs, make_generator(5, DEVICE))
+    assert (empirical(tokens, 4) - probs[0].cpu()).abs().max() < 0.012
+    unnormalised = sample_from_probs(probs * 7.0, make_generator(5, DEVICE))
     assert torch.equal(tokens, unnormalised)  # the race does not care about normalisation
 
 
 def run_alone(logits: list[torch.Tensor], params: SamplingParams) -> list[int]:
-    sampler, gen = Sampler(seed=0), make_generator(params.seed, CPU)
-    return [int(sampler(step[None], [params], [gen]).token_ids[0]) for step in logits]
+    sampler, gen = Sampler(seed=0), make_generator(params.seed, DEVICE)
+    return [int(sampler(step[None].to(DEVICE), [params], [gen]).token_ids[0]) for step in logits]
 
 
 def test_seeded_row_is_independent_of_the_batch() -> None:
@@ -429,8 +431,8 @@ def test_seeded_row_is_independent_of_the_batch() -> None:
         SamplingParams(temperature=0, seed=1),
     ]
     sampler = Sampler(seed=12345)
-    my_gen = make_generator(7, CPU)
-    other_gens = [None if p.seed is None else make_generator(p.seed, CPU) for p in others]
+    my_gen = make_generator(7, DEVICE)
+    other_gens = [None if p.seed is None else make_generator(p.seed, DEVICE) for p in others]
     in_batch = []
     for step in range(steps):
         where = step % 8  # the row moves around the batch
@@ -438,13 +440,13 @@ def test_seeded_row_is_independent_of_the_batch() -> None:
         gens = other_gens[:where] + [my_gen] + other_gens[where:]
         logits = torch.randn(8, vocab, generator=data)
         logits[where] = my_logits[step]
-        out = sampler(logits, params, gens, prompt_token_ids=[[1, 2]] * 8, output_token_ids=[[3]] * 8)
+        out = sampler(logits.to(DEVICE), params, gens, prompt_token_ids=[[1, 2]] * 8, output_token_ids=[[3]] * 8)
         in_batch.append(int(out.token_ids[where]))
     assert in_batch == alone
     # And the generator moved by exactly one [V] draw per token.
-    fresh = make_generator(7, CPU)
+    fresh = make_generator(7, DEVICE)
     for _ in range(steps):
-        torch.empty(vocab).exponential_(generator=fresh)
+        torch.empty(vocab, device=DEVICE).exponential_(generator=fresh)
     assert torch.equal(my_gen.get_state(), fresh.get_state())
 
 
@@ -456,7 +458,7 @@ def test_different_seeds_differ_and_equal_seeds_agree() -> None:
 
 
 def test_unseeded_rows_vary_and_follow_the_sampler_seed() -> None:
-    logits = torch.zeros(2, 1000)
+    logits = torch.zeros(2, 1000, device=DEVICE)
     params = [SamplingParams(), SamplingParams()]
     sampler = Sampler(seed=3)
     first, second = sampler(logits, params).token_ids.tolist(), sampler(logits, params).token_ids.tolist()
@@ -467,9 +469,9 @@ def test_unseeded_rows_vary_and_follow_the_sampler_seed() -> None:
 
 
 def test_default_generator_serves_unseeded_rows() -> None:
-    logits, params = torch.zeros(3, 500), [SamplingParams()] * 3
-    a = Sampler(seed=1)(logits, params, default_generator=make_generator(42, CPU)).token_ids
-    b = Sampler(seed=2)(logits, params, default_generator=make_generator(42, CPU)).token_ids
+    logits, params = torch.zeros(3, 500, device=DEVICE), [SamplingParams()] * 3
+    a = Sampler(seed=1)(logits, params, default_generator=make_generator(42, DEVICE)).token_ids
+    b = Sampler(seed=2)(logits, params, default_generator=make_generator(42, DEVICE)).token_ids
     assert torch.equal(a, b)  # the sampler's own seed did not matter
     assert not torch.equal(a, Sampler(seed=1)(logits, params).token_ids)
 

@@ -64,6 +64,7 @@ class Bench:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             enable_prefix_caching=False,  # random prompts share nothing; keep the comparison plain
+            enforce_eager=args.enforce_eager,
             show_progress=False,
         )
         config = self.llm.engine.model_config
@@ -75,6 +76,7 @@ class Bench:
             "model": str(self.model_dir),
             "device": str(self.device),
             "dtype": dtype_name,
+            "cuda_graphs": self.device.type == "cuda" and not args.enforce_eager,
             "threads": torch.get_num_threads(),
         }
 
@@ -263,6 +265,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of mini-infer per workload (median)")
     parser.add_argument("--hf-repeats", type=int, default=1, help="timed runs of the baseline per workload (median)")
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+    parser.add_argument("--enforce-eager", action="store_true", help="on CUDA, no CUDA graphs for decode steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
 

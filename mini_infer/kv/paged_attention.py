@@ -49,20 +49,27 @@ import torch
 import torch.nn.functional as F
 
 from mini_infer.config import ModelConfig
+from mini_infer.device import to_device
 from mini_infer.kv.block_pool import num_blocks_for, slot_mapping
 from mini_infer.layers import attention, causal_mask, folded_attention, folded_bias
 
 
 class PagedKVCache:
-    """The K and V pools of every layer: ``[layers, kv_heads, num_blocks, block_size, head_dim]``."""
+    """The K and V pools of every layer: ``[layers, kv_heads, num_blocks + 1, block_size, head_dim]``.
+
+    Blocks ``0 .. num_blocks - 1`` are the block pool's. The one more, ``null_block``, belongs to
+    no sequence: the padding rows of a shape-static decode step (``decode_graphs``, for CUDA
+    graphs) write their K/V there and attend to it, so that padding never touches real data.
+    """
 
     def __init__(
         self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
     ) -> None:
-        shape = (config.num_hidden_layers, config.num_key_value_heads, num_blocks, block_size, config.head_dim)
+        shape = (config.num_hidden_layers, config.num_key_value_heads, num_blocks + 1, block_size, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
+        self.null_block = num_blocks
         self.block_size = block_size
         self.num_kv_heads = config.num_key_value_heads
 
@@ -138,7 +145,7 @@ def build_metadata(
     ``context_len`` counts the new tokens too. ``batch``: ``(context_len, block_table)`` per
     sequence of the batched group, each bringing ``batch_query_len`` new tokens. ``num_heads``
     (query heads) fixes the fold of the masks. Everything is assembled in Python lists and sent
-    to the device once per tensor.
+    to the device once per tensor, without a host sync (``device.to_device``).
     """
     bs, q, device, dtype = cache.block_size, batch_query_len, cache.k.device, cache.k.dtype
     group, kv_heads = num_heads // cache.num_kv_heads, cache.num_kv_heads
@@ -150,13 +157,13 @@ def build_metadata(
     for (num_new, context_len, table), width in zip(entries, widths):
         slots += slot_mapping(table, context_len - num_new, context_len, bs)
         tables.append([*table[:width], *[0] * (max_width - width)])
-    block_tables = torch.tensor(tables, dtype=torch.long, device=device).view(len(entries), max_width)
-    slot_tensor = torch.tensor(slots, dtype=torch.long, device=device)
+    block_tables = to_device(tables, torch.long, device).view(len(entries), max_width)
+    slot_tensor = to_device(slots, torch.long, device)
 
     spans, token = [], 0
     for i, (num_new, context_len, _) in enumerate(prefills):
         read_back = context_len > num_new
-        rows = _pool_rows(block_tables[i, : widths[i]], kv_heads, cache.num_blocks) if read_back else None
+        rows = _pool_rows(block_tables[i, : widths[i]], kv_heads, cache.k.shape[2]) if read_back else None
         mask = (
             folded_bias(causal_mask(num_new, context_len, device), group, dtype)[None, None]
             if read_back and num_new > 1
@@ -166,7 +173,7 @@ def build_metadata(
         token += num_new
     buckets = []
     first = len(prefills)
-    context_lens = torch.tensor([context_len for context_len, _ in batch], dtype=torch.long, device=device)
+    context_lens = to_device([context_len for context_len, _ in batch], torch.long, device)
     for start, end in _bucket_bounds(len(batch)) if batch else []:
         width = max(widths[first + start : first + end])
         table_rows = block_tables[first + start : first + end, :width].reshape(-1)
@@ -174,7 +181,7 @@ def build_metadata(
         # there; keys past the sequence's own context (padding blocks) are masked by the same rule.
         last_visible = context_lens[start:end, None] - q + torch.arange(q, device=device)[None, :]
         mask = torch.arange(width * bs, device=device)[None, None, :] <= last_visible[:, :, None]
-        rows = _pool_rows(table_rows, kv_heads, cache.num_blocks)
+        rows = _pool_rows(table_rows, kv_heads, cache.k.shape[2])
         buckets.append(BatchBucket(start, end, rows, folded_bias(mask[None], group, dtype)))
     return PagedAttentionMetadata(
         slot_tensor, slot_tensor // bs, slot_tensor % bs, block_tables, tuple(spans), token, q, tuple(buckets)

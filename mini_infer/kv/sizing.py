@@ -6,8 +6,14 @@ for every model that keeps K/V in it: a draft model (chapter 10) has a pool of t
 so each block id costs both. The budget is
 
 * ``kv_cache_memory`` bytes when given;
-* on CUDA, the memory still free after the weights, minus what ``gpu_memory_utilization`` leaves
-  to others, minus room for the activations of the largest step (logits and MLP dominate);
+* on CUDA, ``gpu_memory_utilization`` of the card's memory, minus what is already held when the
+  pool is sized (the weights, the CUDA context, other processes: ``total - free``), minus the
+  activation peak of the largest step, measured beforehand (``activation_bytes``; the engine
+  builder runs that step once and reads the allocator's peak). For Qwen2.5-1.5B drafted by
+  Qwen2.5-0.5B in float16 on a 6 GiB card at 0.9: 5.4 GiB usable, about 4.1 GB of weights and
+  a few hundred MB of CUDA context held, then the activation peak, leave well under 1 GiB, and
+  a block id costs 448 KiB (target) + 192 KiB (draft): on the order of a thousand blocks,
+  some 16,000 tokens of context shared by all sequences;
 * on a CPU, a fifth of the RAM, at most 2 GiB.
 
 More blocks than ``max_num_seqs`` sequences of ``max_model_len`` tokens can ever use are never
@@ -36,9 +42,9 @@ def kv_blocks_for_memory(
     device: torch.device,
     max_num_seqs: int,
     max_model_len: int,
-    max_num_batched_tokens: int,
     kv_cache_memory: int | None = None,
     gpu_memory_utilization: float = 0.9,
+    activation_bytes: int = 0,
 ) -> int:
     """KV blocks for the models in ``configs`` (the target first) from the budget above."""
     per_block = sum(PagedKVCache.bytes_per_block(c, block_size, dtype) for c in configs)
@@ -46,9 +52,7 @@ def kv_blocks_for_memory(
         budget = int(kv_cache_memory)
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        c = configs[0]
-        activations = max_num_batched_tokens * (c.vocab_size * 4 + c.intermediate_size * 2 * 4 + c.hidden_size * 16)
-        budget = int(free - (1 - gpu_memory_utilization) * total - activations)
+        budget = int(gpu_memory_utilization * total - (total - free) - activation_bytes)
     else:
         try:
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -58,7 +62,8 @@ def kv_blocks_for_memory(
     blocks = min(budget // per_block, max_num_seqs * num_blocks_for(max_model_len, block_size))
     if blocks < 1:
         raise MemoryError(
-            f"no memory is left for the KV cache ({budget / 2**20:.0f} MiB after the weights); use a smaller "
-            "model, a lower max_num_batched_tokens, or set num_kv_blocks"
+            f"no memory is left for the KV cache ({budget / 2**20:.0f} MiB after the weights and activations); "
+            "use a smaller model, a lower max_num_batched_tokens or max_num_seqs, a higher "
+            "gpu_memory_utilization, or set num_kv_blocks"
         )
     return int(blocks)
