@@ -40,8 +40,11 @@ run_step() {  # run_step NAME SECONDS COMMAND...: log to $OUT/NAME.log, one line
 
 if [ -d .whl ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-else
-  $PY -m pip install -q "fastapi>=0.110" "uvicorn>=0.29" "prometheus_client>=0.20" "httpx>=0.27" "openai>=1.30"
+else  # a machine with a registry: whatever it lacks (on a bare one, torch's CUDA build too)
+  $PY -c "import torch, transformers" 2>/dev/null || $PY -m pip install -q "torch>=2.4" "transformers>=4.45"
+  $PY -m pip install -q "safetensors>=0.4" "tokenizers>=0.19" "huggingface_hub>=0.23" "tqdm>=4.60" "jinja2>=3.1" \
+    "fastapi>=0.110" "uvicorn>=0.29" "prometheus_client>=0.20" "httpx>=0.27" "openai>=1.30" \
+    "pytest>=8" "pytest-timeout>=2.2" "hypothesis>=6.100"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 say "$($PY -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__, "|", torch.cuda.get_device_name(0), "| capability", torch.cuda.get_device_capability(0))')"
