@@ -51,7 +51,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -63,10 +63,13 @@ from mini_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from mini_infer.sequence import Sequence as Seq
 from mini_infer.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 logger = logging.getLogger("mini_infer.structured_output")
 
 # Compact JSON, as Qwen's chat template writes tool calls: ", " and ": " and no other whitespace.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 _MAX_ERROR_CHARS = 400
 
@@ -175,7 +178,7 @@ class StructuredOutputs:
         """llguidance's view of the vocabulary: every token's bytes. Made at the first grammar
         (about a second for a 150k vocabulary), so engines that never see one never pay for it."""
         if self._ll_tokenizer is None:
-            hf = self.tokenizer.hf
+            hf: Any = self.tokenizer.hf
             try:
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(
                     hf, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None
