@@ -109,12 +109,15 @@ def _short(message: str) -> str:
     return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + "..."
 
 
-def check_grammar(spec: StructuredOutputsParams, tokenizer: llguidance.LLTokenizer | None = None) -> str:
-    """``spec``'s grammar, or a ValueError naming what is wrong with it (the server's 400)."""
+def check_grammar(
+    spec: StructuredOutputsParams, tokenizer: llguidance.LLTokenizer | None = None, *, name: str | None = None
+) -> str:
+    """``spec``'s grammar, or a ValueError naming what is wrong with it (the server's 400): the
+    message starts with ``name`` (default ``structured_outputs.<kind>``)."""
     grammar = grammar_of(spec)
     error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
     if error:
-        raise ValueError(f"structured_outputs.{spec.kind} does not compile: {_short(error)}")
+        raise ValueError(f"{name or 'structured_outputs.' + spec.kind} does not compile: {_short(error)}")
     return grammar
 
 
