@@ -135,7 +135,7 @@ def apply_bitmask(logits: Tensor, bitmask: Tensor) -> None:
     ``32 w + i``. One ``masked_fill_`` for the whole batch."""
     rows, vocab = logits.shape
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, -1)[:, :vocab]
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, bitmask.shape[1] * 32)[:, :vocab]
     logits.masked_fill_(allowed == 0, -math.inf)
 
 
@@ -212,10 +212,16 @@ class StructuredOutputs:
     # ----------------------------------------------------------------- every step
     def apply(self, logits: Tensor, batch: ForwardBatch, seqs: Sequence[Seq]) -> None:
         """Mask every logit row of a sequence with a grammar, in place (see the module docstring)."""
+        constrained = [
+            (seq, rows, guesses)
+            for seq, rows, guesses in zip(seqs, batch.rows_of, batch.draft_token_ids, strict=True)
+            if rows and seq.params.structured_outputs is not None
+        ]
+        if not constrained:
+            return  # a prompt chunk that does not reach its end samples nothing
         bitmask = self._bitmask_buffer(logits.shape[0], logits.device)
-        for seq, rows, guesses in zip(seqs, batch.rows_of, batch.draft_token_ids, strict=True):
-            if rows and seq.params.structured_outputs is not None:
-                self._fill(self.state_of(seq), bitmask, rows, guesses)
+        for seq, rows, guesses in constrained:
+            self._fill(self.state_of(seq), bitmask, rows, guesses)
         copy_without_waiting = logits.device.type == "cuda"
         apply_bitmask(logits, bitmask.to(logits.device, non_blocking=copy_without_waiting))
 

@@ -411,17 +411,13 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
-    @field_validator("parallel_tool_calls")
-    @classmethod
-    def _parallel_only(cls, parallel: bool | None) -> bool | None:
-        if parallel is False:
-            raise ValueError(
-                "false is not supported: the model may write several calls, and nothing stops it after one"
-            )
-        return parallel
-
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
+        if self.parallel_tool_calls is False and not self.forces_a_call:
+            raise ValueError(
+                "parallel_tool_calls false is supported with a forced call only (tool_choice 'required' or a "
+                "named function, which makes exactly one call): under 'auto' nothing stops the model after one"
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs to be true")
         if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
@@ -431,6 +427,11 @@ class ChatCompletionRequest(_SamplingFields):
             if self.tool_choice.function.name not in names:
                 raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools")
         return self
+
+    @property
+    def forces_a_call(self) -> bool:
+        """tool_choice "required" or a named function: exactly one call, constrained (chat.py)."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
 
     @property
     def num_logprobs(self) -> int | None:
