@@ -212,18 +212,32 @@ class StructuredOutputs:
     # ----------------------------------------------------------------- every step
     def apply(self, logits: Tensor, batch: ForwardBatch, seqs: Sequence[Seq]) -> None:
         """Mask every logit row of a sequence with a grammar, in place (see the module docstring)."""
+        bitmask = self.bitmask(batch, seqs, logits.device)
+        if bitmask is not None:
+            copy_without_waiting = logits.device.type == "cuda"
+            apply_bitmask(logits, bitmask.to(logits.device, non_blocking=copy_without_waiting))
+
+    def bitmask(self, batch: ForwardBatch, seqs: Sequence[Seq], device: torch.device) -> Tensor | None:
+        """The host bitmask of this step, one row per logit row (all ones for rows without a
+        grammar), each grammar first advanced over its sequence's kept tokens; None when no row
+        has a grammar (a prompt chunk short of its end samples nothing)."""
         constrained = [
             (seq, rows, guesses)
             for seq, rows, guesses in zip(seqs, batch.rows_of, batch.draft_token_ids, strict=True)
             if rows and seq.params.structured_outputs is not None
         ]
         if not constrained:
-            return  # a prompt chunk that does not reach its end samples nothing
-        bitmask = self._bitmask_buffer(logits.shape[0], logits.device)
+            return None
+        bitmask = self._bitmask_buffer(batch.num_logits, device)
         for seq, rows, guesses in constrained:
             self._fill(self.state_of(seq), bitmask, rows, guesses)
-        copy_without_waiting = logits.device.type == "cuda"
-        apply_bitmask(logits, bitmask.to(logits.device, non_blocking=copy_without_waiting))
+        return bitmask
+
+    def bitmask_of(self, matcher: llguidance.LLMatcher) -> Tensor:
+        """The ``[ceil(V / 32)]`` int32 bitmask of the tokens ``matcher`` allows next."""
+        row = torch.empty(1, (self.vocab_size + 31) // 32, dtype=torch.int32)
+        self._fill_row(matcher, row, 0)
+        return row[0]
 
     def state_of(self, seq: Seq) -> GrammarState:
         """``seq``'s grammar state, advanced over the tokens it has kept since the last step."""
@@ -243,6 +257,7 @@ class StructuredOutputs:
         matcher, consumed = state.matcher, 0
         for j, row in enumerate(rows):
             self._fill_row(matcher, bitmask, row)
+            self.num_masked_rows += 1
             if j == len(guesses) or matcher.try_consume_tokens([guesses[j]]) != 1:
                 break  # the last row, or a guess the grammar forbids: later rows are never used
             consumed += 1
@@ -250,7 +265,6 @@ class StructuredOutputs:
             matcher.rollback(consumed)
 
     def _fill_row(self, matcher: llguidance.LLMatcher, bitmask: Tensor, row: int) -> None:
-        self.num_masked_rows += 1
         if matcher.is_error():
             bitmask[row] = self._eos_only
             return

@@ -274,7 +274,7 @@ def test_a_forbidden_guess_is_rejected_and_later_rows_are_left_alone(llm: LLM) -
         grammar_state=None,
         request_id="r",
     )
-    batch = SimpleNamespace(rows_of=[range(0, 4)], draft_token_ids=[[y, bad, e]])
+    batch = SimpleNamespace(rows_of=[range(0, 4)], draft_token_ids=[[y, bad, e]], num_logits=4)
     logits = torch.zeros(4, 704)
     mask.apply(logits, batch, [seq])  # type: ignore[arg-type]
     allowed = [(row > -float("inf")).nonzero().flatten().tolist() for row in logits]

@@ -41,6 +41,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mini_infer.sampling_params import SamplingParams, StructuredOutputsParams
+from mini_infer.server.response_format import ResponseFormat, StructuredOutputsField
 
 MAX_LOGPROBS = 20
 MAX_CHOICES = 128  # prompts x n in one call: a bound, so one call cannot queue unbounded work
@@ -210,53 +211,6 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = None
-
-
-class JsonSchemaFormat(_Strict):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")  # none: any JSON value
-    strict: bool | None = None  # the output always follows the schema, strict or not
-
-
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_with_its_type(self) -> ResponseFormat:
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError('json_schema is required with "type": "json_schema", and only there')
-        return self
-
-    def structured_outputs(self) -> StructuredOutputsParams | None:
-        """The constraint it asks for (None for plain text)."""
-        if self.type == "json_object":
-            return StructuredOutputsParams(json_object=True)
-        if self.json_schema is not None:
-            return StructuredOutputsParams(
-                json=self.json_schema.schema_ if self.json_schema.schema_ is not None else {}
-            )
-        return None
-
-
-class StructuredOutputsField(_Strict):
-    """vLLM's ``structured_outputs`` extension: exactly one of these (``StructuredOutputsParams``)."""
-
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-
-    def params(self) -> StructuredOutputsParams:
-        return StructuredOutputsParams(
-            json=self.json_,
-            regex=self.regex,
-            choice=self.choice,
-            grammar=self.grammar,
-            json_object=bool(self.json_object),
-        )
 
 
 Stop = str | Annotated[list[str], Field(max_length=16)]
