@@ -38,6 +38,8 @@ Invariants:
   grammar; the bits of other rows are all ones.
 * **No host sync**: the bitmask is built on the host from tokens already there and copied to the
   device without waiting (pinned memory on CUDA).
+* **Logprobs** (chapter 09) of a constrained request are those of the masked distribution: a
+  token the grammar forbids has logprob -inf.
 * **A row always allows a token**: a matcher in an error state (llguidance's parser limits, or a
   token it was made to consume against its mask) allows only end-of-sequence, which ends the
   request instead of sampling from a row of -inf.
