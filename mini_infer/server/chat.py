@@ -51,8 +51,6 @@ from mini_infer.server.serving import (
     Call,
     ServerState,
     TokenTexts,
-    check_grammars,
-    check_request_token_ids,
     merge_batch,
     resolve_max_tokens,
 )
@@ -129,12 +127,10 @@ async def create_chat_completion(state: ServerState, request: Request, body: dic
         parts = [(asked, "response_format.json_schema.schema" if param == "response_format" else param)]
     elif constraint is not None:
         parts.append((constraint, "tools"))  # the whole call: the functions' names and schemas together
-    if parts:
-        await state.in_tokenizer_thread(check_grammars, parts)
+    await state.check_request(req, info, parts)
     token_ids = await state.in_tokenizer_thread(_render, tokenizer, req, forced)
     prompt = _Prompt(token_ids, parse_tools=bool(req.tools) and req.tool_choice != "none", forced=forced)
     max_tokens = resolve_max_tokens(info, len(token_ids), req.requested_max_tokens, None, prompt_param="messages")
-    check_request_token_ids(req, info)
     try:
         params = [
             req.sampling_params(max_tokens, req.num_logprobs, i, info.vocab_size, constraint)

@@ -32,8 +32,6 @@ from mini_infer.server.serving import (
     Call,
     ServerState,
     TokenTexts,
-    check_grammars,
-    check_request_token_ids,
     check_token_ids,
     merge_batch,
     resolve_max_tokens,
@@ -59,10 +57,8 @@ async def create_completion(state: ServerState, request: Request, body: dict[str
             f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices in one request", param="n"
         )
     constraint, param = req.output_constraint()
-    if constraint is not None:
-        await state.in_tokenizer_thread(check_grammars, [(constraint, param)])
+    await state.check_request(req, info, [] if constraint is None else [(constraint, param)])
     prompt_ids = await state.in_tokenizer_thread(_tokenize, tokenizer, prompts)
-    check_request_token_ids(req, info)
     choices: list[Choice] = []
     for ids in prompt_ids:
         check_token_ids(ids, info, "prompt")

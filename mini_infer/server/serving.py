@@ -187,6 +187,19 @@ class ServerState:
         """Run tokenizer work (templates, encoding) off the event loop, one job at a time."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
+    async def check_request(
+        self, req: Any, info: EngineInfo, grammars: list[tuple[StructuredOutputsParams, str]]
+    ) -> None:
+        """A 400 for what the engine would refuse later: token ids a request names besides its
+        prompt (stop tokens, biased tokens) outside the vocabulary, and grammars that do not
+        compile (checked in the tokenizer thread: a large schema takes a while)."""
+        if req.stop_token_ids:
+            check_token_ids(req.stop_token_ids, info, "stop_token_ids")
+        if req.logit_bias:
+            check_token_ids([int(t) for t in req.logit_bias], info, "logit_bias")
+        if grammars:
+            await self.in_tokenizer_thread(check_grammars, grammars)
+
     async def submit(self, choices: list[Choice], group: str) -> RequestStream:
         try:
             return await self.engine.submit(choices, group)
@@ -212,14 +225,6 @@ def check_grammars(parts: Sequence[tuple[StructuredOutputsParams, str]]) -> None
             check_grammar(spec, name=name)
         except ValueError as exc:
             raise bad_request(str(exc), param=name.split(".")[0]) from None
-
-
-def check_request_token_ids(req: Any, info: EngineInfo) -> None:
-    """The token ids a request names besides its prompt: stop tokens, biased tokens."""
-    if req.stop_token_ids:
-        check_token_ids(req.stop_token_ids, info, "stop_token_ids")
-    if req.logit_bias:
-        check_token_ids([int(t) for t in req.logit_bias], info, "logit_bias")
 
 
 def resolve_max_tokens(
