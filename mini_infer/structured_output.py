@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -131,14 +132,27 @@ def spec_key(spec: StructuredOutputsParams) -> str:
         raise ValueError(f"structured_outputs.{spec.kind} is not JSON: {exc}") from None
 
 
+# For each byte value, its 8 bits as 8 bytes of 0 or 1 (bit i in byte i), read as one int64: a
+# table lookup per byte unpacks a bitmask several times faster than shifting every word 32 times.
+_BYTE_BITS = [int.from_bytes(bytes((value >> i) & 1 for i in range(8)), "little") for value in range(256)]
+_byte_bits_on: dict[torch.device, Tensor] = {}
+
+
 def apply_bitmask(logits: Tensor, bitmask: Tensor) -> None:
     """Set to -inf, in place, every token whose bit is 0. ``logits`` ``[R, V]``; ``bitmask``
     ``[R, ceil(V / 32)]`` int32 on the logits' device, bit ``i`` of word ``w`` for token
-    ``32 w + i``. One ``masked_fill_`` for the whole batch."""
+    ``32 w + i``. One lookup to unpack the bits, one ``masked_fill_`` for the whole batch."""
     rows, vocab = logits.shape
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, bitmask.shape[1] * 32)[:, :vocab]
-    logits.masked_fill_(allowed == 0, -math.inf)
+    width = bitmask.shape[1] * 32
+    if sys.byteorder != "little":  # the lookup reads the words' bytes in memory order
+        shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+        logits.masked_fill_(((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, width)[:, :vocab] == 0, -math.inf)
+        return
+    table = _byte_bits_on.get(bitmask.device)
+    if table is None:
+        table = _byte_bits_on[bitmask.device] = torch.tensor(_BYTE_BITS, dtype=torch.int64, device=bitmask.device)
+    allowed = table[bitmask.view(torch.uint8).int()].view(torch.bool).view(rows, width)[:, :vocab]
+    logits.masked_fill_(~allowed, -math.inf)
 
 
 def token_bitmask(token_ids: Iterable[int], vocab_size: int) -> Tensor:
@@ -219,6 +233,7 @@ class StructuredOutputs:
             copy_without_waiting = logits.device.type == "cuda"
             apply_bitmask(logits, bitmask.to(logits.device, non_blocking=copy_without_waiting))
 
+    @torch.inference_mode()  # its host buffer is reused from step to step, which run in inference mode
     def bitmask(self, batch: ForwardBatch, seqs: Sequence[Seq], device: torch.device) -> Tensor | None:
         """The host bitmask of this step, one row per logit row (all ones for rows without a
         grammar), each grammar first advanced over its sequence's kept tokens; None when no row
