@@ -13,6 +13,11 @@ event, lines starting with ``:`` are comments. The network may cut the stream an
 inside a line or a UTF-8 character, so ``SSEParser`` buffers bytes and decodes only whole
 lines. The stream ends with ``data: [DONE]``.
 
+The client's own time per token must stay small beside the server's, or it measures itself: the
+stream is read with ``http1`` (not httpx: why there), each network read is split into lines in
+one pass, and every chunk it holds is stamped with the time of that read: they arrived together
+(SGLang's and vLLM's clients stamp each line as they reach it, later only by their own work).
+
 Token counts come from the final ``usage`` chunk when the server sends one; otherwise the
 tokenizer counts the generated text, or, without a tokenizer, characters / 4 estimate it (the
 record says which).
@@ -28,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from mini_infer.bench.serve import http1
 from mini_infer.bench.serve.datasets import BenchRequest
 from mini_infer.bench.serve.metrics import RequestRecord
 
@@ -56,20 +62,22 @@ class SSEParser:
         self._event = ""
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buffer += chunk
+        # Called for every network read, at saturation thousands of times a second: split with
+        # bytes methods (C loops), and take the usual "data: ..." line past the general case.
+        buffer = self._buffer + chunk
+        held = b""
+        if b"\r" in buffer:
+            if buffer.endswith(b"\r"):  # may be half of "\r\n": wait for the next byte
+                buffer, held = buffer[:-1], b"\r"
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, rest = buffer.split(b"\n")
+        self._buffer = rest + held
         events: list[SSEEvent] = []
-        while True:
-            cr, lf = self._buffer.find(b"\r"), self._buffer.find(b"\n")
-            ends = [i for i in (cr, lf) if i >= 0]
-            if not ends:
-                break
-            end = min(ends)
-            if end == cr and end == len(self._buffer) - 1:
-                break  # a "\r" at the very end may be half of "\r\n": wait for the next byte
-            width = 2 if self._buffer[end : end + 2] == b"\r\n" else 1
-            line = self._buffer[:end].decode("utf-8", errors="replace")
-            self._buffer = self._buffer[end + width :]
-            event = self._line(line)
+        for raw in lines:
+            if raw.startswith(b"data: "):
+                self._data.append(raw[6:].decode("utf-8", errors="replace"))
+                continue
+            event = self._line(raw.decode("utf-8", errors="replace"))
             if event is not None:
                 events.append(event)
         return events
@@ -181,8 +189,13 @@ async def send_request(
     index: int,
     count_tokens: Callable[[str], int] | None = None,
 ) -> RequestRecord:
-    """Send one streaming request and return its timeline; failures are recorded, not raised."""
-    payload = build_payload(config, request)
+    """Send one streaming request and return its timeline; failures are recorded, not raised.
+
+    The stream goes over ``http1.post`` on a connection of its own, not through ``client``
+    (httpx's per-chunk work was half of servebench's time per token: see ``http1``); the
+    client's connect and read timeouts apply to it.
+    """
+    body = json.dumps(build_payload(config, request)).encode()
     record = RequestRecord(
         index=index, send_time=time.perf_counter(), end_time=0.0, requested_output_len=request.output_len
     )
@@ -195,50 +208,54 @@ async def send_request(
         record.end_time = time.perf_counter()
         return record
 
+    response: http1.StreamedBody | None = None
     try:
-        async with client.stream("POST", config.url, json=payload, headers=config.headers()) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode("utf-8", errors="replace")
+        response = await http1.post(config.url, body, config.headers(), client.timeout.connect, client.timeout.read)
+        if response.status != 200:
+            detail = (await response.read()).decode("utf-8", errors="replace")
+            try:
+                detail = _error_message(json.loads(detail))
+            except json.JSONDecodeError:
+                detail = detail.strip()
+            return fail(f"HTTP {response.status}: {detail}")
+        parser = SSEParser()
+        async for raw in response.pieces():
+            # One time for everything in one network read: it arrived together.
+            now = time.perf_counter()
+            for event in parser.feed(raw):
+                if event.data.strip() == "[DONE]":
+                    done = True
+                    break
                 try:
-                    detail = _error_message(json.loads(body))
+                    obj = json.loads(event.data)
                 except json.JSONDecodeError:
-                    detail = body.strip()
-                return fail(f"HTTP {response.status_code}: {detail}")
-            parser = SSEParser()
-            stream = response.aiter_bytes()
-            async for raw in stream:
-                now = time.perf_counter()
-                for event in parser.feed(raw):
-                    if event.data.strip() == "[DONE]":
-                        done = True
-                        break
-                    try:
-                        obj = json.loads(event.data)
-                    except json.JSONDecodeError:
-                        return fail(f"not JSON in the stream: {event.data[:200]!r}")
-                    if event.event == "error" or (isinstance(obj, dict) and obj.get("error")):
-                        return fail(f"error event: {_error_message(obj)}")
-                    if not isinstance(obj, dict):
-                        return fail(f"unexpected event: {event.data[:200]!r}")
-                    piece, chunk_finished = _chunk_text(obj)
-                    if piece:
-                        text.append(piece)
-                        record.chunk_times.append(now)
-                    finished = finished or chunk_finished
-                    usage = obj.get("usage") or usage
-                if done:
-                    break  # do not wait for the server to close the connection
-            if not done:
-                # A server may close without [DONE]; whatever was left in the buffer still counts.
-                for event in parser.close():
-                    if event.data.strip() == "[DONE]":
-                        done = True
-                    elif event.event == "error":
-                        return fail(f"error event: {event.data[:200]}")
-    except httpx.HTTPError as e:
+                    return fail(f"not JSON in the stream: {event.data[:200]!r}")
+                if event.event == "error" or (isinstance(obj, dict) and obj.get("error")):
+                    return fail(f"error event: {_error_message(obj)}")
+                if not isinstance(obj, dict):
+                    return fail(f"unexpected event: {event.data[:200]!r}")
+                piece, chunk_finished = _chunk_text(obj)
+                if piece:
+                    text.append(piece)
+                    record.chunk_times.append(now)
+                finished = finished or chunk_finished
+                usage = obj.get("usage") or usage
+            if done:
+                break  # do not wait for the server to close the connection
+        if not done:
+            # A server may close without [DONE]; whatever was left in the buffer still counts.
+            for event in parser.close():
+                if event.data.strip() == "[DONE]":
+                    done = True
+                elif event.event == "error":
+                    return fail(f"error event: {event.data[:200]}")
+    except (OSError, http1.ProtocolError) as e:  # OSError: refused, reset, timed out
         return fail(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
     except Exception as e:  # one odd response must not stop the whole benchmark
         return fail(f"{type(e).__name__}: {e}")
+    finally:
+        if response is not None:
+            response.close()
     record.end_time = time.perf_counter()
     if not (done or finished):
         return fail("the stream ended before [DONE] or a finish_reason")
