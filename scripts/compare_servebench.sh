@@ -18,8 +18,8 @@
 # client of a pair would find the first one's prompts in it.
 #
 # PEER_PYTHON is a Python with what bench_serving.py imports (aiohttp, numpy, requests, tqdm,
-# transformers, pillow): a separate virtual environment, e.g.
-#     python3 -m venv /tmp/venv-sglang && /tmp/venv-sglang/bin/pip install aiohttp numpy requests tqdm transformers pillow
+# transformers): a separate virtual environment, e.g.
+#     python3 -m venv /tmp/venv-sglang && /tmp/venv-sglang/bin/pip install aiohttp numpy requests tqdm transformers
 # Settings (environment variables): PEER_PYTHON (default python3), RUNS (3), NUM_PROMPTS (200),
 # INPUT_LEN (128), OUTPUT_LEN (128), PORT (8766), BIN (default .venv/bin), PIN (default 0; 1: the
 # server on CPU 0 with one torch thread, the clients on CPU 1, so that a client's own work cannot
