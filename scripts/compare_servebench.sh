@@ -7,7 +7,10 @@
 # `bench_serving.py` (the single-file client of SGLang 0.5.2; `pip download sglang==0.5.2 --no-deps`
 # and take sglang/bench_serving.py out of the wheel) alternately, RUNS times each, against one
 # `mini-infer serve` on the tiny model, at request rate inf, and prints every run's output and
-# request throughput, mean and median TTFT and ITL, and the ratio servebench / SGLang of the means.
+# request throughput, mean and median TTFT and ITL, and the ratio servebench / SGLang of the means,
+# with the server's own mean TTFT of each run (its /metrics histogram, from each request's arrival
+# in the server, the warm-up request included): a TTFT gap that the server does not see lies
+# between a client's send and the server's intake of the request.
 #
 # The workload is the same on both sides, prompt for prompt: servebench's random dataset of run i
 # (NUM_PROMPTS prompts of exactly INPUT_LEN tokens, seed i) is written as a ShareGPT file that
@@ -52,7 +55,7 @@ fi
 }
 
 mkdir -p "$OUT"
-rm -f "$OUT"/servebench_*.json "$OUT"/sglang_*.jsonl "$OUT"/prompts_*.json
+rm -f "$OUT"/servebench_*.json "$OUT"/sglang_*.jsonl "$OUT"/prompts_*.json "$OUT"/server_ttft.txt
 URL=http://127.0.0.1:$PORT
 TOKENIZER=$("$BIN/python" -c 'from mini_infer.model_source import resolve_model; print(resolve_model("tiny"))')
 
@@ -72,6 +75,12 @@ def alive(pid=int(sys.argv[2])):
 
 wait_until_healthy(sys.argv[1], 300, alive)' "$URL" "$SERVER_PID"
 
+server_ttft() {  # the server's own TTFT histogram (from each request's arrival) after the run $1
+    curl -s "$URL/metrics" | { grep -E '^mini_infer:time_to_first_token_seconds_(sum|count)' || true; } |
+        sed "s/^/$1 /" >>"$OUT/server_ttft.txt"
+}
+server_ttft "start 0"
+
 echo "== $(date -u +%FT%TZ)  $(nproc --all) CPUs; tiny model; $NUM_PROMPTS prompts x $INPUT_LEN tokens in," \
     "$OUTPUT_LEN out; rate inf; $RUNS runs each, alternating; PIN=$PIN"
 for i in $(seq "$RUNS"); do
@@ -90,9 +99,11 @@ EOF
     "${CLIENT_CPU[@]}" "$BIN/servebench" --base-url "$URL" --model tiny --tokenizer "$TOKENIZER" --dataset random \
         --num-prompts "$NUM_PROMPTS" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --request-rate inf \
         --warmup-requests 1 --seed "$i" --no-progress --json "$OUT/servebench_$i.json" >/dev/null
+    server_ttft "servebench $i"
     "${CLIENT_CPU[@]}" "$PEER_PYTHON" "$PEER" --backend vllm --base-url "$URL" --model tiny --tokenizer "$TOKENIZER" \
         --dataset-name sharegpt --dataset-path "$OUT/prompts_$i.json" --sharegpt-output-len "$OUTPUT_LEN" \
         --num-prompts "$NUM_PROMPTS" --request-rate inf --warmup-requests 1 \
         --seed "$i" --disable-tqdm --output-file "$OUT/sglang_$i.jsonl" >/dev/null 2>&1
+    server_ttft "sglang $i"
 done
 "$BIN/python" -m mini_infer.bench.serve.peer "$OUT" | tee "$OUT/report.txt"

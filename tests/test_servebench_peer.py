@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mini_infer.bench.serve.metrics import RequestRecord, compute_metrics
-from mini_infer.bench.serve.peer import format_table, load, main, ratios
+from mini_infer.bench.serve.peer import format_table, load, main, ratios, server_ttft_ms
 from mini_infer.bench.serve.runner import RunResult
 
 
@@ -81,3 +81,28 @@ def test_failed_requests_and_missing_files_are_errors(tmp_path: Path, capsys: py
     assert main([str(tmp_path)]) == 2
     assert "peer: error" in capsys.readouterr().err
     assert main([]) == 2
+
+
+def test_server_ttft_from_histogram_snapshots(tmp_path: Path) -> None:
+    write_servebench(tmp_path / "servebench_1.json", 1.0)
+    write_sglang(tmp_path / "sglang_1.jsonl", 4.0)
+    # snapshots after: server start, servebench 1 (3 requests, 0.6 s in all), sglang 1 (3, 0.3 s)
+    lines = [
+        "start 0 mini_infer:time_to_first_token_seconds_count 0.0",
+        "start 0 mini_infer:time_to_first_token_seconds_sum 0.0",
+        'servebench 1 mini_infer:time_to_first_token_seconds_count{model_name="tiny"} 3.0',
+        'servebench 1 mini_infer:time_to_first_token_seconds_sum{model_name="tiny"} 0.6',
+        "sglang 1 mini_infer:time_to_first_token_seconds_count 6.0",
+        "sglang 1 mini_infer:time_to_first_token_seconds_sum 0.9",
+    ]
+    (tmp_path / "server_ttft.txt").write_text("\n".join(lines) + "\n")
+    assert server_ttft_ms(tmp_path / "server_ttft.txt") == {
+        ("servebench", 1): pytest.approx(200.0),
+        ("sglang", 1): pytest.approx(100.0),
+    }
+    rows = load(tmp_path)
+    assert ratios(rows)["server TTFT ms"] == pytest.approx(2.0)
+    assert "server TTFT ms" in format_table(rows)
+    (tmp_path / "server_ttft.txt").write_text("start 0 oops\n")
+    with pytest.raises(ValueError, match="client run metric value"):
+        load(tmp_path)

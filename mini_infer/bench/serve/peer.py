@@ -9,6 +9,12 @@ The two clients define the compared figures the same way (SGLang's ``calculate_m
 vLLM's ``benchmark_serving``; ours in ``metrics.py``): TTFT is the first chunk carrying text minus
 the send time; ITL the gaps between successive text chunks, pooled over requests; throughputs
 divide totals over successful requests by the run's duration.
+
+``server_ttft.txt`` (when the script left one) holds the server's own TTFT histogram (``sum`` and
+``count`` of ``mini_infer:time_to_first_token_seconds`` on ``/metrics``) after each run: the
+difference between two snapshots is the mean TTFT the server measured for that run, from each
+request's arrival in the server (its warm-up request included). It shows on which side of the
+server a gap between the clients' TTFT lies.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ FIGURES = (
     ("mean ITL ms", ("itl_ms", "mean"), "mean_itl_ms"),
     ("median ITL ms", ("itl_ms", "median"), "median_itl_ms"),
 )
+
+
+SERVER_TTFT = "server TTFT ms"
 
 
 def _index(path: Path) -> int:
@@ -66,22 +75,51 @@ def sglang_figures(path: Path) -> dict[str, float]:
     return {"completed": float(run["completed"])} | {label: float(run[key]) for label, _, key in FIGURES}
 
 
+def server_ttft_ms(path: Path) -> dict[tuple[str, int], float]:
+    """(client, run) -> the server's mean TTFT over that run, from consecutive histogram snapshots."""
+    snapshots: dict[tuple[str, int], dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) != 4:
+            raise ValueError(f"{path}: expected 'client run metric value', got {line!r}")
+        client, run, metric, value = parts
+        field = metric.split("{")[0].rsplit("_", 1)[1]  # sum or count
+        snapshots.setdefault((client, int(run)), {})[field] = float(value)
+    out = {}
+    order = list(snapshots)  # in the order the script took them: start, then each run
+    for before, after in zip(order, order[1:]):
+        count = snapshots[after]["count"] - snapshots[before]["count"]
+        if count > 0:
+            out[after] = 1000.0 * (snapshots[after]["sum"] - snapshots[before]["sum"]) / count
+    return out
+
+
 def load(folder: Path) -> list[tuple[str, int, dict[str, float]]]:
     """Every run in ``folder`` as (client, run number, figures), servebench before SGLang in a pair."""
     rows = [("servebench", _index(p), servebench_figures(p)) for p in folder.glob("servebench_*.json")]
     rows += [("sglang", _index(p), sglang_figures(p)) for p in folder.glob("sglang_*.jsonl")]
     if not any(r[0] == "servebench" for r in rows) or not any(r[0] == "sglang" for r in rows):
         raise ValueError(f"{folder}: needs servebench_<i>.json and sglang_<i>.jsonl files (see compare_servebench.sh)")
+    if (folder / "server_ttft.txt").exists():
+        server = server_ttft_ms(folder / "server_ttft.txt")
+        for client, index, figures in rows:
+            if (client, index) in server:
+                figures[SERVER_TTFT] = server[(client, index)]
     completed = {r[2]["completed"] for r in rows}
     if len(completed) != 1:
         raise ValueError(f"{folder}: the runs completed different numbers of requests {sorted(completed)}: some failed")
     return sorted(rows, key=lambda r: (r[1], r[0] != "servebench"))
 
 
+def labels_of(rows: Sequence[tuple[str, int, dict[str, float]]]) -> list[str]:
+    labels = [label for label, _, _ in FIGURES]
+    return labels + [SERVER_TTFT] if all(SERVER_TTFT in r[2] for r in rows) else labels
+
+
 def ratios(rows: Sequence[tuple[str, int, dict[str, float]]]) -> dict[str, float]:
     """servebench / SGLang of each figure's mean over the runs."""
     out = {}
-    for label, _, _ in FIGURES:
+    for label in labels_of(rows):
         ours = [r[2][label] for r in rows if r[0] == "servebench"]
         theirs = [r[2][label] for r in rows if r[0] == "sglang"]
         out[label] = (sum(ours) / len(ours)) / (sum(theirs) / len(theirs))
@@ -89,7 +127,7 @@ def ratios(rows: Sequence[tuple[str, int, dict[str, float]]]) -> dict[str, float
 
 
 def format_table(rows: Sequence[tuple[str, int, dict[str, float]]]) -> str:
-    labels = [label for label, _, _ in FIGURES]
+    labels = labels_of(rows)
     lines = [f"{'run':<16}" + "".join(f"{label:>16}" for label in labels)]
     for client, index, figures in rows:
         lines.append(f"{client + ' ' + str(index):<16}" + "".join(f"{figures[label]:>16.2f}" for label in labels))
