@@ -6,8 +6,8 @@ A benchmark client measures itself when its own work per chunk is not small besi
 This takes the server out of the picture: a fake OpenAI completions server (plain asyncio, in a
 child process) streams one token chunk to every open stream each ``--step`` seconds, in the bytes
 mini-infer sends, and each client runs ``--num-prompts`` requests of ``--output-len`` tokens at
-once against it. Printed per client and round: its process's CPU time per chunk, and the TTFT and
-ITL it measured. The ideal is TTFT about one step and ITL one step; a client whose CPU time nears
+once against it. Printed per client and round: its process's CPU time per chunk, the TTFT and
+ITL it measured, and how far apart its requests' start times (from which TTFT counts) fell. The ideal is TTFT about one step and ITL one step; a client whose CPU time nears
 the wall time has fallen behind the stream and reports its own backlog as latency.
 
 ``--peer`` runs SGLang's ``async_request_openai_completions`` (what ``--backend vllm`` uses) in
@@ -99,13 +99,20 @@ async def servebench_round(port: int, n: int, output_len: int) -> str:
     m = compute_metrics(records)
     chunks = sum(len(r.chunk_times) for r in records)
     assert m.ttft_ms.mean is not None and m.itl_ms.mean is not None
-    return line("servebench", chunks, wall, cpu, m.ttft_ms.mean, m.itl_ms.mean, m.failed)
+    starts = [r.send_time for r in records]
+    spread = max(starts) - min(starts)
+    return line("servebench", chunks, wall, cpu, m.ttft_ms.mean, m.itl_ms.mean, m.failed, spread)
 
 
-def line(name: str, chunks: int, wall: float, cpu: float, ttft_ms: float, itl_ms: float, failed: int) -> str:
+def line(
+    name: str, chunks: int, wall: float, cpu: float, ttft_ms: float, itl_ms: float, failed: int, spread: float
+) -> str:
+    # spread: from the first request's start (where its TTFT counts from) to the last one's; at
+    # rate inf a client that sets up requests one after another spreads its own burst.
     return (
         f"{name:<11} {chunks} chunks in {wall:.2f} s; client CPU {cpu:.2f} s = {1e6 * cpu / max(chunks, 1):.1f} us/chunk;"
-        f" mean TTFT {ttft_ms:.1f} ms, mean ITL {itl_ms:.2f} ms; {failed} failed"
+        f" mean TTFT {ttft_ms:.1f} ms, mean ITL {itl_ms:.2f} ms; starts spread over {1000 * spread:.1f} ms;"
+        f" {failed} failed"
     )
 
 
@@ -117,6 +124,12 @@ sys.path.insert(0, sys.argv[1])
 import bench_serving as bs
 port, n, output_len = map(int, sys.argv[2:5])
 bs.args = argparse.Namespace(disable_stream=False, disable_ignore_eos=False, return_logprob=False)
+starts = []
+session = bs._create_bench_client_session
+def stamped_session():  # each request's st is taken right after its session is made
+    starts.append(time.perf_counter())
+    return session()
+bs._create_bench_client_session = stamped_session
 def cpu():
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_utime + u.ru_stime
@@ -125,6 +138,7 @@ def one():
         prompt_len=128, output_len=output_len, model="tiny", lora_name=None, image_data=None, extra_request_body={})
 async def main():
     await asyncio.gather(*(bs.async_request_openai_completions(one()) for _ in range(2)))
+    starts.clear()
     c, t = cpu(), time.perf_counter()
     outs = await asyncio.gather(*(bs.async_request_openai_completions(one()) for _ in range(n)))
     c, t = cpu() - c, time.perf_counter() - t
@@ -132,7 +146,8 @@ async def main():
     itl = [x for o in ok for x in o.itl]
     chunks = sum(len(o.itl) + 1 for o in ok)
     ttft = 1000 * float(np.mean([o.ttft for o in ok])) if ok else float("nan")
-    print(f"{chunks} {t} {c} {ttft} {1000 * float(np.mean(itl)) if itl else float('nan')} {n - len(ok)}")
+    print(f"{chunks} {t} {c} {ttft} {1000 * float(np.mean(itl)) if itl else float('nan')} {n - len(ok)} "
+          f"{max(starts) - min(starts)}")
 asyncio.run(main())
 """
 
@@ -146,8 +161,8 @@ def peer_round(python: str, bench_serving: Path, port: int, n: int, output_len: 
     )
     if result.returncode != 0:
         raise SystemExit(f"SGLang's client failed:\n{result.stderr[-2000:]}")
-    chunks, wall, cpu, ttft, itl, failed = result.stdout.split()[-6:]
-    return line("sglang", int(chunks), float(wall), float(cpu), float(ttft), float(itl), int(failed))
+    chunks, wall, cpu, ttft, itl, failed, spread = result.stdout.split()[-7:]
+    return line("sglang", int(chunks), float(wall), float(cpu), float(ttft), float(itl), int(failed), float(spread))
 
 
 def main() -> int:
