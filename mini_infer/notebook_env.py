@@ -342,7 +342,8 @@ def explore(
     Each keyword in ``controls`` names an argument of ``draw`` and the values it may take:
     a ``range`` or a tuple ``(min, max)`` / ``(min, max, step)`` of numbers gives a slider
     (floats: a float slider), a list gives buttons (up to six choices) or a drop-down, and its
-    items may be ``(label, value)`` pairs. The controls start at the first static state's values.
+    items may be ``(label, value)`` pairs. The controls start at the first static state's values
+    (or, where it has none, at ``draw``'s defaults).
     Where ``ipywidgets`` imports (7.7 or 8), they are shown under the static picture and every
     change redraws ``draw`` with their values; elsewhere one line says so. A state of the static
     picture may carry arguments that no control sets (say, where a legend goes).
@@ -373,11 +374,17 @@ def explore(
         print(WIDGETS_MISSING)
         return
 
-    made = {name: _control(widgets, name, spec, states[0].get(name)) for name, spec in controls.items()}
+    defaults = {name: p.default for name, p in inspect.signature(draw).parameters.items() if p.default is not p.empty}
+    start = {**defaults, **states[0]}
+    made = {name: _control(widgets, name, spec, start.get(name)) for name, spec in controls.items()}
 
     def redraw(**values: Any) -> None:
         live = plt.figure(figsize=(width, height))
-        draw(live, **values)
+        try:
+            draw(live, **values)
+        except BaseException:
+            plt.close(live)  # no half-drawn figure left for the next cell's output
+            raise
         plt.show()
 
     display(widgets.VBox([*made.values(), widgets.interactive_output(redraw, made)]))

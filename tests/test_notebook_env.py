@@ -303,6 +303,14 @@ def test_explore_shows_the_static_picture_then_controls_that_redraw_it(pictures:
     slider.value = 7
     assert calls[-1] == ("Figure", 7, False), "moving the control redraws"
     assert type(output).__name__ == "Output"
+    pictures["displayed"].clear()
+
+    def draw_from_four(fig, step: int = 4) -> None:
+        calls.append(("default", step))
+
+    notebook_env.explore(draw_from_four, {}, step=(0, 9))
+    (box,) = pictures["displayed"]
+    assert box.children[0].value == 4 and calls[-1] == ("default", 4), "no static value: draw's default"
 
 
 def test_explore_draws_several_static_states_as_a_grid(pictures: dict[str, list]) -> None:
