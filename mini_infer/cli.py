@@ -46,6 +46,7 @@ def _generate(args: argparse.Namespace) -> int:
             )
         else:
             print(f">>> {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}]")
+    llm.close()  # a tensor-parallel engine's workers (an error instead leaves them to the exit's clean-up)
     return 0
 
 

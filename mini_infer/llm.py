@@ -11,11 +11,15 @@ The names and defaults are vLLM's, so that code written for vLLM reads the same 
 all are done; outputs come back in prompt order. ``stream`` yields one request's outputs as the
 engine produces them (the other requests in flight progress too). ``chat`` applies the model's
 chat template first.
+
+``close()`` (or ``with LLM(...) as llm:``) releases what would outlive the object: the worker
+processes of a tensor-parallel engine (chapter 14), which garbage collection also ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -103,6 +107,18 @@ class LLM:
     def stats(self) -> dict[str, int]:
         """Engine counters: tokens, preemptions, KV blocks, prefix-cache hits, steps."""
         return self.engine.stats()
+
+    def close(self) -> None:
+        """End the engine's worker processes (tensor parallelism); a no-op on one process."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
