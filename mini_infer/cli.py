@@ -1,6 +1,7 @@
 """The ``mini-infer`` command line: every command of the course (chapter 12).
 
     mini-infer generate --model tiny --prompt "What is 2 + 3?" --chat
+    mini-infer chat --model tiny                    (an interactive chat, streamed)
     mini-infer serve --model tiny --port 8000       (chapter 11: the OpenAI-compatible server)
     mini-infer random-model OUT_DIR --shape qwen2.5-0.5b
     mini-infer bench offline            (chapter 06: the engine against transformers and the roofline)
@@ -17,21 +18,28 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from mini_infer.cli_options import add_engine_args, engine_kwargs
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from mini_infer import LLM, SamplingParams
+def _sampling_params(args: argparse.Namespace) -> Any:
+    from mini_infer import SamplingParams
 
-    llm = LLM(args.model, **engine_kwargs(args))
-    params = SamplingParams(
+    return SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.sampling_seed,
     )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from mini_infer import LLM
+
+    llm = LLM(args.model, **engine_kwargs(args))
+    params = _sampling_params(args)
     prompts = args.prompt or ["What is 12 + 30?"]
     if args.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
@@ -48,6 +56,23 @@ def _generate(args: argparse.Namespace) -> int:
             print(f">>> {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}]")
     llm.close()  # a tensor-parallel engine's workers (an error instead leaves them to the exit's clean-up)
     return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from mini_infer import LLM
+    from mini_infer.chat_cli import run_chat
+
+    params = _sampling_params(args)  # refuses bad sampling settings before loading anything
+    run_chat(LLM(args.model, **engine_kwargs(args)), params, system=args.system)
+    return 0
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--sampling-seed", type=int, default=None)
 
 
 def _random_model(args: argparse.Namespace) -> int:
@@ -70,13 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--sampling-seed", type=int, default=None)
+    _add_sampling_args(gen, max_tokens=64)
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
     gen.set_defaults(func=_generate)
+
+    chat = sub.add_parser("chat", help="an interactive chat in the terminal, streamed (/reset, /quit)")
+    add_engine_args(chat)
+    _add_sampling_args(chat, max_tokens=512)
+    chat.add_argument("--system", default=None, help="a system prompt to start every conversation with")
+    chat.set_defaults(func=_chat)
 
     from mini_infer.server import cli as serve_cli  # light: FastAPI is imported only when serving
 

@@ -17,8 +17,9 @@ apart. ``build_engine(config)`` then does, in order:
    the pool (chapter 14, which this chapter reaches by module name, ``TENSOR_PARALLEL_LAUNCHER``,
    and only then: no module imports a later chapter);
 5. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
-   draft's slots, the full sampler (chapter 09) or the speculative decoder that verifies
-   (chapter 10), and the engine loop (chapter 06).
+   draft's slots, the full sampler (chapter 09) with constrained decoding for structured
+   outputs (chapter 09b; its grammar engine starts at the first request that has a grammar),
+   or the speculative decoder that verifies (chapter 10), and the engine loop (chapter 06).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from mini_infer.model_source import resolve_model
 from mini_infer.sampling import Sampler, SamplingParams
 from mini_infer.scheduler import Scheduler
 from mini_infer.speculative import SpeculativeDecoder, check_draft_vocabulary
+from mini_infer.structured_output import StructuredOutputs
 from mini_infer.tokenizer import Tokenizer
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -223,11 +225,20 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     else:
         runners = load_runners(config, model_dir, draft_dir, dtype, device, max_model_len)
     num_blocks = runners[0].kv_cache.num_blocks
+    eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
+    mask = StructuredOutputs(tokenizer, target_config.vocab_size, eos)
     # The draft's pool has the same block ids as the target's: one scheduler serves both.
     speculator = (
         None
         if len(runners) == 1
-        else SpeculativeDecoder(runners[1], config.num_speculative_tokens, target_config.vocab_size, config.seed)
+        else SpeculativeDecoder(
+            runners[1],
+            config.num_speculative_tokens,
+            target_config.vocab_size,
+            config.seed,
+            eos_token_ids=eos,
+            mask=mask,
+        )
     )
     pool = BlockPool(num_blocks, config.block_size)
     scheduler = Scheduler(
@@ -238,6 +249,5 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         prefix_cache=RadixCache(pool) if config.enable_prefix_caching else None,
         speculation=speculator,
     )
-    eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
-    sampler = speculator or Sampler(config.seed)
+    sampler = speculator or Sampler(config.seed, eos_token_ids=eos, mask=mask)
     return LLMEngine(runners[0], scheduler, tokenizer, eos_token_ids=eos, sampler=sampler, drafter=speculator)
