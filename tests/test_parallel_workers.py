@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stdout
+from contextlib import contextmanager, redirect_stdout
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -126,46 +126,51 @@ def test_torchrun_starts_every_rank(tiny_model_dir: Path) -> None:
     assert json.loads(line)["token_ids"] == expected[0].token_ids
 
 
-@pytest.fixture()
-def tp_server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
+@contextmanager
+def _tp_server(model_dir: Path) -> Iterator[BackgroundServer]:
     engine = dict(dtype="float32", num_kv_blocks=128, tensor_parallel_size=2)
-    config = ServerConfig(model=str(tiny_model_dir), served_model_name="tp", engine_kwargs=engine, show_progress=False)
+    config = ServerConfig(model=str(model_dir), served_model_name="tp", engine_kwargs=engine, show_progress=False)
     with BackgroundServer(build_app(config)) as server:
         server.wait_ready(timeout=120)
         yield server
 
 
-def test_the_server_streams_from_two_ranks_and_reports_a_dead_worker(
-    tp_server: BackgroundServer, tiny_model_dir: Path
-) -> None:
+def test_the_server_streams_from_two_ranks_and_its_stop_ends_the_workers(tiny_model_dir: Path) -> None:
     prompts = ["hello world", "the cache is", "a"]
     expected = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=128, show_progress=False).generate(
         prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False
     )
-    processes = on_engine(tp_server, lambda engine: list(engine.runner.workers.processes))
+    with _tp_server(tiny_model_dir) as server:
+        processes = on_engine(server, lambda engine: list(engine.runner.workers.processes))
 
-    def stream(prompt: str) -> str:
-        body = {"model": "tp", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True}
-        with (
-            httpx.Client(base_url=tp_server.base_url, timeout=60) as http,
-            http.stream("POST", "/v1/completions", json=body) as response,
-        ):
-            events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]"
-        return "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+        def stream(prompt: str) -> str:
+            body = {"model": "tp", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+            with (
+                httpx.Client(base_url=server.base_url, timeout=60) as http,
+                http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response,
+            ):
+                events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            return "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
 
-    with ThreadPoolExecutor(3) as pool:
-        assert list(pool.map(stream, prompts)) == [o.text for o in expected]
-    # A worker killed while the server idles: /health turns 503 within seconds, naming it.
-    processes[0].kill()
-    deadline = time.monotonic() + 15
-    with httpx.Client(base_url=tp_server.base_url, timeout=10) as http:
-        while (health := http.get("/health")).status_code == 200:
-            assert time.monotonic() < deadline, "/health still says ok after a worker died"
-            time.sleep(0.1)
-        assert health.status_code == 503 and "rank 1" in health.json()["error"]["message"]
-        refused = http.post("/v1/completions", json={"model": "tp", "prompt": "hi", "max_tokens": 2})
-        assert refused.status_code == 503
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(stream, prompts)) == [o.text for o in expected]
+        assert all(p.is_alive() for p in processes)
+    assert _all_ended(processes)  # the server's stop closed the engine
+
+
+def test_the_server_reports_a_worker_that_died_while_it_idled(tiny_model_dir: Path) -> None:
+    with _tp_server(tiny_model_dir) as server:
+        processes = on_engine(server, lambda engine: list(engine.runner.workers.processes))
+        processes[0].kill()
+        deadline = time.monotonic() + 15
+        with httpx.Client(base_url=server.base_url, timeout=10) as http:
+            while (health := http.get("/health")).status_code == 200:
+                assert time.monotonic() < deadline, "/health still says ok after a worker died"
+                time.sleep(0.1)
+            assert health.status_code == 503 and "rank 1" in health.json()["error"]["message"]
+            refused = http.post("/v1/completions", json={"model": "tp", "prompt": "hi", "max_tokens": 2})
+            assert refused.status_code == 503
     assert _all_ended(processes)
 
 
@@ -242,4 +247,25 @@ def test_what_cannot_work_is_refused_before_any_process_starts(
         start("cuda", enforce_eager=True)
     with pytest.raises(ValueError, match="CPUs .gloo. or CUDA GPUs .NCCL., not on mps"):
         start("mps")
+    assert not multiprocessing.active_children()
+
+
+def test_the_benchmark_compares_two_ranks_with_one(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tp.json"
+    argv = ["bench", "offline", "--model", str(tiny_model_dir), "--dtype", "float32", "--tensor-parallel-size", "2"]
+    argv += ["--num-prompts", "3", "--input-len", "4", "8", "--output-len", "3", "--decode-len", "3"]
+    argv += ["--prefill-len", "40", "--max-num-batched-tokens", "16", "--json", str(out)]
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert cli_main(argv) == 0
+    results = json.loads(out.read_text())
+    # The decode workload: a 128-token prompt in chunks of 16, then two more tokens, one step each.
+    assert results["decode_prefill"]["steps"] == 8 and results["decode_decode"]["steps"] == 2
+    # The prefill workload: 40 tokens in chunks of 16, 16 and 8, and no decode step at all.
+    assert results["prefill_prefill"]["steps"] == 3 and "prefill_decode" not in results
+    assert {"throughput_prefill", "throughput_decode"} <= results.keys()
+    for row in (v for v in results.values() if isinstance(v, dict)):
+        assert row["one_rank_ms"] > 0 and row["ranks_ms"] > 0
+        assert 0 < row["all_reduce_share"] < 1 and 0 < row["all_gather_share"] < 1
+    assert "all-reduce" in printed.getvalue() and "decode decode" in printed.getvalue()
     assert not multiprocessing.active_children()

@@ -80,29 +80,30 @@ def read_shard(name: str, tensor: Any, *, rank: int, size: int) -> torch.Tensor:
 class RankGroup:
     """The model's ``TensorParallel`` hook on a ``torch.distributed`` process group (None: the
     default group). Counts its collectives and their payload; with ``timed`` set, also the time
-    spent in them (synchronising the device around each one, so only for measurements)."""
+    spent in each kind (synchronising the device around each one, so only for measurements). That
+    time includes waiting for the slowest rank to reach the collective."""
 
     def __init__(self, rank: int, size: int, group: dist.ProcessGroup | None = None) -> None:
         self.rank, self.size, self.group = rank, size, group
         self.num_collectives = 0
         self.payload_bytes = 0  # what each rank contributes, summed over the collectives
         self.timed = False
-        self.seconds = 0.0
+        self.seconds = {"all_reduce": 0.0, "all_gather": 0.0}
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        with self._counted(x):
+        with self._counted("all_reduce", x):
             dist.all_reduce(x, group=self.group)  # in place: x is a fresh matmul output
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        with self._counted(x):
+        with self._counted("all_gather", x):
             dist.all_gather(parts, x, group=self.group)
         return torch.cat(parts, dim=-1)
 
     @contextmanager
-    def _counted(self, x: torch.Tensor) -> Iterator[None]:
+    def _counted(self, kind: str, x: torch.Tensor) -> Iterator[None]:
         self.num_collectives += 1
         self.payload_bytes += x.numel() * x.element_size()
         if not self.timed:
@@ -112,7 +113,7 @@ class RankGroup:
         start = time.perf_counter()
         yield
         synchronize(x.device)
-        self.seconds += time.perf_counter() - start
+        self.seconds[kind] += time.perf_counter() - start
 
 
 def load_shard(
