@@ -40,7 +40,8 @@ WORKLOADS = ("throughput", "decode", "prefill")
 
 def timed_steps(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
     """Run ``prompts`` to the end, one ``engine.step()`` at a time: per step its kind (decode when
-    every new token samples), its seconds and, on N ranks, rank 0's seconds in each collective."""
+    every new token samples; a step with any prompt token is a prefill step), its seconds and, on
+    N ranks, rank 0's seconds in each collective."""
     engine = llm.engine
     runner = engine.runner
     group = runner.group if isinstance(runner, TensorParallelRunner) else None
@@ -53,9 +54,12 @@ def timed_steps(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[dic
     steps: list[dict[str, Any]] = []
     while engine.has_unfinished_requests():
         before = dict(group.seconds) if group is not None else {}
+        logged = len(engine.step_log)
         start = time.perf_counter()
         engine.step()
         seconds = time.perf_counter() - start
+        if len(engine.step_log) == logged:  # nothing was scheduled: no forward pass to time
+            continue
         record = engine.step_log[-1]
         step = {"kind": "decode" if record.num_tokens == record.num_logits else "prefill", "s": seconds}
         if group is not None:
