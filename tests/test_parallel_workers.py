@@ -174,6 +174,25 @@ def test_the_server_reports_a_worker_that_died_while_it_idled(tiny_model_dir: Pa
     assert _all_ended(processes)
 
 
+def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error(tiny_model_dir: Path) -> None:
+    long = {"model": "tp", "prompt": "hello", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with _tp_server(tiny_model_dir) as server:
+        processes = on_engine(server, lambda engine: list(engine.runner.workers.processes))
+        with (
+            httpx.Client(base_url=server.base_url, timeout=60) as http,
+            http.stream("POST", "/v1/completions", json=long) as response,
+        ):
+            lines = (line for line in response.iter_lines() if line)
+            assert json.loads(next(lines).removeprefix("data: "))["object"] == "text_completion"
+            processes[0].kill()
+            rest = list(lines)
+            assert rest[-1] == "data: [DONE]"  # one error event, then the end: the client never hangs
+            error = json.loads(rest[-2].removeprefix("data: "))["error"]["message"]
+            assert "worker rank 1" in error and "exited with code -9" in error
+            assert http.get("/health").status_code == 503
+    assert _all_ended(processes)
+
+
 def test_a_worker_killed_mid_generation_fails_the_engine_at_once(tiny_model_dir: Path) -> None:
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2, show_progress=False)
     worker = _runner(llm).workers.processes[0]

@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, replace
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ from mini_infer.parallel.shards import RankGroup, load_shard
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 STOP_TIMEOUT_S = 10.0  # how long a worker may take to leave after being told to stop
+WORKER_EXIT_GRACE_S = 1.0  # after a failed step, how long to wait for a worker's death to explain it
 
 
 class WorkerDiedError(RuntimeError):
@@ -242,6 +244,9 @@ class Workers:
 
     def failed(self, exc: BaseException) -> WorkerDiedError:
         """Record a failure (a dead worker, if one explains it) and return the error to raise."""
+        if self.error is None and self.processes:
+            # A killed worker's sockets close before it can be reaped: give it a moment to be seen dead.
+            wait([p.sentinel for p in self.processes], timeout=WORKER_EXIT_GRACE_S)
         try:
             self.check()
         except WorkerDiedError as died:
