@@ -9,10 +9,10 @@ what servebench did, and servebench's one core saturated: its TTFT grew with its
 Here one network read is de-chunked with ``bytes.find`` and handed on whole.
 
 What it does: ``post`` sends one POST (``Connection: close``, a new connection per request, as
-SGLang's and vLLM's clients do), reads the status line and headers, and ``StreamedBody.pieces``
+SGLang's client does with its session per request), reads the status line and headers, and ``StreamedBody.pieces``
 yields the body as it arrives, de-chunked (``Transfer-Encoding: chunked``), cut by
 ``Content-Length``, or read to the end of the connection. ``http://`` and ``https://`` (the
-system's certificate store); no proxies, redirects, compression or HTTP/2. The timeouts bound the
+system's certificate store; the tests cover only http); no proxies, redirects, compression or HTTP/2. The timeouts bound the
 connection and each wait for bytes (httpx's connect and read timeouts, from the caller's client).
 
 Invariants, kept by the tests: the body comes out byte for byte whatever the network cuts;
