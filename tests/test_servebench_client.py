@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -203,7 +203,85 @@ def test_connection_error_is_recorded() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     record = run_one(streaming([]), base_url=f"http://127.0.0.1:{port}")
-    assert not record.success and "ConnectionRefusedError" in record.error
+    assert not record.success and record.error.startswith("ClientConnectorError: Cannot connect")
+
+
+def run_raw(reply: Callable[[asyncio.StreamWriter], Awaitable[None]], read_timeout: float = 5.0) -> RequestRecord:
+    """``send_request`` against a server that reads the request and writes whatever ``reply`` does."""
+    request = BenchRequest(prompt="hi", messages=None, prompt_len=None, output_len=3)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(int(length.split(b":")[1]))
+        await reply(writer)
+        await writer.drain()
+        writer.close()
+
+    async def go() -> RequestRecord:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        config = ClientConfig(base_url=f"http://127.0.0.1:{port}", endpoint="completions", model="m")
+        timeout = httpx.Timeout(5.0, read=read_timeout)
+        async with server, httpx.AsyncClient(timeout=timeout) as client:
+            return await asyncio.wait_for(send_request(client, config, request, 0), 20)
+
+    return asyncio.run(go())
+
+
+def writes(data: bytes) -> Callable[[asyncio.StreamWriter], Awaitable[None]]:
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+
+    return reply
+
+
+OK_CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+OK_LENGTH_10 = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 10\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "message"),
+    [
+        (OK_CHUNKED + b"zz\r\nhello\r\n0\r\n\r\n", "ClientResponseError", "chunk size"),  # not a chunk size
+        (OK_CHUNKED + b"30\r\ndata: {", "ClientPayloadError", "not completed"),  # closes inside a chunk
+        (OK_LENGTH_10 + b"data", "ClientPayloadError", "not completed"),  # closes 6 bytes before the end
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "ClientResponseError", "status line"),  # not HTTP at all
+        (b"", "ServerDisconnectedError", "disconnected"),  # closes without a response
+    ],
+)
+def test_malformed_cut_or_non_http_answers_are_recorded(data: bytes, error: str, message: str) -> None:
+    record = run_raw(writes(data))
+    assert not record.success and record.error.startswith(error + ": "), record.error
+    assert message in record.error.lower() and "\n" not in record.error, record.error
+    assert "400" not in record.error  # aiohttp's made-up status for what it cannot parse is left out
+    assert record.chunk_times == []
+
+
+def test_read_timeout_while_the_stream_stalls() -> None:
+    pieces = completion_chunks(["a", "b", "c", "d"], usage=None)
+
+    async def stall(writer: asyncio.StreamWriter) -> None:
+        writer.write(OK_CHUNKED)
+        for piece in pieces[:3]:  # three pieces 0.1 s apart: each wait is under the 0.3 s timeout
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # then nothing
+
+    record = run_raw(stall, read_timeout=0.3)
+    assert not record.success and "Timeout" in record.error, record.error
+    assert len(record.chunk_times) == 3  # the pieces before the stall were read, not timed out
+    assert 0.5 < record.end_time - record.send_time < 1.4  # 0.2 s of pieces, then the 0.3 s timeout
+
+
+def test_read_timeout_before_the_response_head() -> None:
+    async def silent(writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(1.5)
+
+    record = run_raw(silent, read_timeout=0.3)
+    assert not record.success and "Timeout" in record.error, record.error
+    assert record.end_time - record.send_time < 1.4
 
 
 def test_payloads() -> None:

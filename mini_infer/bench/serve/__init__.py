@@ -7,7 +7,8 @@ many requests per second the server sustains while keeping those within limits (
 
 * ``datasets``: random, shared-prefix and JSON-lines prompts, all seeded;
 * ``client``: one streaming request (SSE parsing, a timestamp per text chunk, usage), read
-  with ``http1``, a minimal HTTP/1.1 client whose cost per token is small beside the server's;
+  with aiohttp (as SGLang's and vLLM's clients do), whose cost per token is small beside the
+  server's;
 * ``runner``: Poisson arrivals, a concurrency cap, warm-up, request-rate sweeps;
 * ``metrics``: every number, from the recorded timelines, in one pure function (definitions
   there; Little's law ties throughput, latency and concurrency together);

@@ -13,10 +13,15 @@ event, lines starting with ``:`` are comments. The network may cut the stream an
 inside a line or a UTF-8 character, so ``SSEParser`` buffers bytes and decodes only whole
 lines. The stream ends with ``data: [DONE]``.
 
-The client's own time per token must stay small beside the server's, or it measures itself: the
-stream is read with ``http1`` (not httpx: why there), each network read is split into lines in
-one pass, and every chunk it holds is stamped with the time of that read: they arrived together
-(SGLang's and vLLM's clients stamp each line as they reach it, later only by their own work).
+The client's own time per token must stay small beside the server's, or it measures itself. The
+stream is read with aiohttp, as SGLang's and vLLM's benchmark clients read theirs, not with httpx
+(everywhere else in mini-infer): at request rate inf every streamed token is one chunk of the
+response, and through httpx each one passes h11's event machine, httpcore's and anyio's wrappers,
+about half of servebench's CPU time per chunk against a fake server streaming 10,000 chunks/s
+(its one core saturated and its TTFT grew with its own backlog); aiohttp parses HTTP in C.
+``iter_any`` hands over whatever has arrived, the parser splits it into lines in one pass, and
+every chunk in it is stamped with the time of that read: they arrived together (SGLang's and
+vLLM's clients stamp each line as they reach it, later only by their own work).
 
 Token counts come from the final ``usage`` chunk when the server sends one; otherwise the
 tokenizer counts the generated text, or, without a tokenizer, characters / 4 estimate it (the
@@ -25,15 +30,17 @@ record says which).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
+from aiohttp.http_exceptions import HttpProcessingError
 
-from mini_infer.bench.serve import http1
 from mini_infer.bench.serve.datasets import BenchRequest
 from mini_infer.bench.serve.metrics import RequestRecord
 
@@ -176,6 +183,16 @@ def _chunk_text(obj: dict[str, Any]) -> tuple[str, bool]:
     return text, finished
 
 
+def _describe(error: BaseException) -> str:
+    # aiohttp reports a response it cannot parse with status 400, which the server never sent:
+    # keep only the parser's message (for a cut body, the one nested in ClientPayloadError).
+    if isinstance(error, aiohttp.ClientResponseError):
+        return error.message
+    if isinstance(error, aiohttp.ClientPayloadError) and isinstance(error.__cause__, HttpProcessingError):
+        return f"response body not completed: {error.__cause__.message}"
+    return str(error)
+
+
 def _prompt_text(request: BenchRequest) -> str:
     if request.prompt is not None:
         return request.prompt
@@ -191,9 +208,10 @@ async def send_request(
 ) -> RequestRecord:
     """Send one streaming request and return its timeline; failures are recorded, not raised.
 
-    The stream goes over ``http1.post`` on a connection of its own, not through ``client``
-    (httpx's per-chunk work was half of servebench's time per token: see ``http1``); the
-    client's connect and read timeouts apply to it.
+    The stream goes over an aiohttp session of its own, one connection per request as in
+    SGLang's client, not through ``client`` (httpx's per-chunk work was half of servebench's
+    time per token: see the module's docstring); ``client``'s connect timeout bounds the
+    connection and its read timeout each wait for bytes, the response's head included.
     """
     body = json.dumps(build_payload(config, request)).encode()
     record = RequestRecord(
@@ -208,54 +226,59 @@ async def send_request(
         record.end_time = time.perf_counter()
         return record
 
-    response: http1.StreamedBody | None = None
+    # total=None: a long answer is not a failure while bytes keep coming (httpx's semantics).
+    timeout = aiohttp.ClientTimeout(total=None, connect=client.timeout.connect, sock_read=client.timeout.read)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **config.headers()}
     try:
-        response = await http1.post(config.url, body, config.headers(), client.timeout.connect, client.timeout.read)
-        if response.status != 200:
-            detail = (await response.read()).decode("utf-8", errors="replace")
-            try:
-                detail = _error_message(json.loads(detail))
-            except json.JSONDecodeError:
-                detail = detail.strip()
-            return fail(f"HTTP {response.status}: {detail}")
-        parser = SSEParser()
-        async for raw in response.pieces():
-            # One time for everything in one network read: it arrived together.
-            now = time.perf_counter()
-            for event in parser.feed(raw):
-                if event.data.strip() == "[DONE]":
-                    done = True
-                    break
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(config.url, data=body, headers=headers) as response,
+        ):
+            if response.status != 200:
+                detail = (await response.read()).decode("utf-8", errors="replace")
                 try:
-                    obj = json.loads(event.data)
+                    detail = _error_message(json.loads(detail))
                 except json.JSONDecodeError:
-                    return fail(f"not JSON in the stream: {event.data[:200]!r}")
-                if event.event == "error" or (isinstance(obj, dict) and obj.get("error")):
-                    return fail(f"error event: {_error_message(obj)}")
-                if not isinstance(obj, dict):
-                    return fail(f"unexpected event: {event.data[:200]!r}")
-                piece, chunk_finished = _chunk_text(obj)
-                if piece:
-                    text.append(piece)
-                    record.chunk_times.append(now)
-                finished = finished or chunk_finished
-                usage = obj.get("usage") or usage
-            if done:
-                break  # do not wait for the server to close the connection
-        if not done:
-            # A server may close without [DONE]; whatever was left in the buffer still counts.
-            for event in parser.close():
-                if event.data.strip() == "[DONE]":
-                    done = True
-                elif event.event == "error":
-                    return fail(f"error event: {event.data[:200]}")
-    except (OSError, http1.ProtocolError) as e:  # OSError: refused, reset, timed out
-        return fail(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+                    detail = detail.strip()
+                return fail(f"HTTP {response.status}: {detail}")
+            parser = SSEParser()
+            async for raw in response.content.iter_any():
+                # One time for everything in one network read: it arrived together.
+                now = time.perf_counter()
+                for event in parser.feed(raw):
+                    if event.data.strip() == "[DONE]":
+                        done = True
+                        break
+                    try:
+                        obj = json.loads(event.data)
+                    except json.JSONDecodeError:
+                        return fail(f"not JSON in the stream: {event.data[:200]!r}")
+                    if event.event == "error" or (isinstance(obj, dict) and obj.get("error")):
+                        return fail(f"error event: {_error_message(obj)}")
+                    if not isinstance(obj, dict):
+                        return fail(f"unexpected event: {event.data[:200]!r}")
+                    piece, chunk_finished = _chunk_text(obj)
+                    if piece:
+                        text.append(piece)
+                        record.chunk_times.append(now)
+                    finished = finished or chunk_finished
+                    usage = obj.get("usage") or usage
+                if done:
+                    break  # do not wait for the server to close the connection
+            if not done:
+                # A server may close without [DONE]; whatever was left in the buffer still counts.
+                for event in parser.close():
+                    if event.data.strip() == "[DONE]":
+                        done = True
+                    elif event.event == "error":
+                        return fail(f"error event: {event.data[:200]}")
+    # ClientError: refused, not HTTP, a cut or malformed body; TimeoutError: connect or read
+    # timeout (aiohttp's timeout errors are both); OSError: anything from the socket itself.
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        message = " ".join(_describe(e).split())  # on one line
+        return fail(f"{type(e).__name__}: {message}" if message else type(e).__name__)
     except Exception as e:  # one odd response must not stop the whole benchmark
         return fail(f"{type(e).__name__}: {e}")
-    finally:
-        if response is not None:
-            response.close()
     record.end_time = time.perf_counter()
     if not (done or finished):
         return fail("the stream ended before [DONE] or a finish_reason")
