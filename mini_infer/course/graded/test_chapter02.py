@@ -1,4 +1,4 @@
-"""Graded tests of chapter 02: RMSNorm, RoPE, SwiGLU, masks and grouped-query attention.
+"""Graded tests (chapter 02): RMSNorm, RoPE, SwiGLU, masks and grouped-query attention.
 
 Every expected value is computed here from the formulas of the chapter, head by head and query
 by query, with plain loops where that is clearer than speed.

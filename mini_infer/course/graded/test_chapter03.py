@@ -1,4 +1,4 @@
-"""Graded tests of chapter 03: a contiguous KV cache gives the same attention as recomputing."""
+"""Graded tests (chapter 03): a contiguous KV cache gives the same attention as recomputing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Graded tests of chapter 04: the block pool's allocate, fork and free, and block tables.
+"""Graded tests (chapter 04): the block pool's allocate, fork and free, and block tables.
 
 The last test drives the pool through a long random sequence of operations next to a model of
 it kept here (a free list and a reference count per block) and compares them after every step.
@@ -39,8 +39,9 @@ def test_a_fresh_pool_hands_out_blocks_in_order():
 def test_allocate_is_all_or_nothing():
     pool = BlockPool(4)
     pool.allocate(3)
-    with pytest.raises(OutOfBlocks):
+    with pytest.raises(OutOfBlocks) as short:
         pool.allocate(2)
+    assert (short.value.requested, short.value.free) == (2, 1)  # the scheduler reads both
     assert pool.num_free_blocks == 1 and counts(pool) == [1, 1, 1, 0]
     assert pool.allocate(1) == [3]
     with pytest.raises(OutOfBlocks):

@@ -1,4 +1,4 @@
-"""Graded tests of chapter 05: the slot mapping, storing K/V into the pool and gathering it back."""
+"""Graded tests (chapter 05): the slot mapping, storing K/V into the pool and gathering it back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Graded tests of chapter 08: the radix cache's match, insert (with splits) and LRU eviction.
+"""Graded tests (chapter 08): the radix cache's match, insert (with splits) and LRU eviction.
 
 Most tests check one rule by hand on one-block token runs; the last drives the cache with random
 prompts next to a model of what it must hold.

@@ -1,4 +1,4 @@
-"""Graded tests of chapter 09: penalties, top-k, top-p, min-p, the exponential race, seeded draws."""
+"""Graded tests (chapter 09): penalties, top-k, top-p, min-p, the exponential race, seeded draws."""
 
 from __future__ import annotations
 

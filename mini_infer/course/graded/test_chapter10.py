@@ -1,4 +1,4 @@
-"""Graded tests of chapter 10: rejection sampling keeps the target's distribution exactly."""
+"""Graded tests (chapter 10): rejection sampling keeps the target's distribution exactly."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def test_accept_while_the_uniform_is_below_p_over_q():
     uniforms = torch.tensor([0.99, 0.5, 0.58, 0.56])  # p/q = 2 for token 0, 4/7 = 0.571... for token 1
     accepted, _ = rejection_sample(target, draft, guesses, uniforms, torch.ones(4, 2))
     assert accepted.tolist() == [True, True, False, True]
+    # u is drawn from [0, 1): accept when u < p/q, so u == p/q (here exactly 0.5) rejects.
+    accepted, _ = rejection_sample(
+        rows([0.25, 0.75]), rows([0.5, 0.5]), torch.tensor([0]), torch.tensor([0.5]), torch.ones(1, 2)
+    )
+    assert accepted.tolist() == [False]
 
 
 @pytest.mark.points(2)
