@@ -1,8 +1,9 @@
 """The chapters' first cell and ``mini_infer.notebook_env.setup()`` (chapter 00).
 
-* Every notebook's first code cell is the canonical one (``first_cell()``), and its install URL
-  is ``repository.url`` from ``_config.yml``, the one place that names the repository; the
-  contributing guide shows the same cell.
+* Every notebook's first code cell is the canonical one (``first_cell()``): it installs the wheel
+  of this package's version from the website (``html.baseurl`` in ``_config.yml``, the one place
+  that names the site), or from a Kaggle dataset with the internet off; both branches are run in
+  IPython with ``%pip`` recorded. The contributing guide shows the same cell.
 * ``setup()`` works offline: the network check is monkeypatched, never performed.
 """
 
@@ -17,17 +18,22 @@ import pytest
 import torch
 import yaml
 
+import mini_infer
 from mini_infer import notebook_env
-from mini_infer.notebook_env import NotebookEnv, first_cell, setup, show_source
+from mini_infer.notebook_env import NotebookEnv, first_cell, release_wheel_name, setup, show_source
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
 PLATFORM_VARIABLES = ["COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_URL_BASE"]
 
 
-def repository_url() -> str:
+def site_url() -> str:
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    return str(config["repository"]["url"]).rstrip("/")
+    return str(config["html"]["baseurl"])
+
+
+def canonical_first_cell(arguments: str = "") -> str:
+    return first_cell(site_url(), mini_infer.__version__, arguments=arguments)
 
 
 # --- the first cell of every chapter ---------------------------------------------------------
@@ -48,20 +54,72 @@ def test_first_code_cell_is_the_canonical_setup_cell(path: Path) -> None:
     # The only freedom: the arguments of setup(...), e.g. prefer_real_model="Qwen/...".
     match = re.search(r"^env = setup\((.*)\)$", source, flags=re.MULTILINE)
     assert match, f"{path.name}: the first code cell must end with env = setup(...)"
-    expected = first_cell(repository_url(), arguments=match.group(1))
+    expected = canonical_first_cell(arguments=match.group(1))
     assert source == expected, (
         f"{path.name}: the first code cell differs from the canonical setup cell "
-        f"(install URL from _config.yml: {repository_url()}).\nExpected:\n{expected}\n\nFound:\n{source}"
+        f"(scripts/sync_first_cells.py rewrites it).\nExpected:\n{expected}\n\nFound:\n{source}"
     )
 
 
-def test_install_url_in_first_cell_is_the_config_repository() -> None:
-    assert f'git+{repository_url()}"' in first_cell(repository_url())
+def test_the_package_version_is_the_one_pyproject_builds() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'\nversion = "{mini_infer.__version__}"\n' in pyproject, "mini_infer.__version__ and pyproject.toml differ"
+
+
+def test_site_url_is_an_absolute_https_folder() -> None:
+    assert re.fullmatch(r"https://[^\s/]+/(\S+/)?", site_url()), "html.baseurl must be https://host/path/"
+
+
+def run_first_cell(monkeypatch: pytest.MonkeyPatch, kaggle_wheels: list[str]) -> list[str]:
+    """Runs the canonical first cell in IPython as a fresh Colab/Kaggle runtime would (mini_infer
+    not importable), with glob answering ``kaggle_wheels`` and %pip recorded; returns the %pip lines."""
+    import builtins
+    import glob
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    pip_lines: list[str] = []
+    shell.register_magic_function(lambda line: pip_lines.append(line), magic_kind="line", magic_name="pip")
+    real_import = builtins.__import__
+
+    def refuse_mini_infer(name: str, *args: object, **kwargs: object) -> object:
+        if name == "mini_infer" or name.startswith("mini_infer."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    seen_patterns: list[str] = []
+    monkeypatch.setattr(glob, "glob", lambda pattern, recursive=False: seen_patterns.append(pattern) or kaggle_wheels)
+    monkeypatch.setattr(builtins, "__import__", refuse_mini_infer)
+    cell = canonical_first_cell().split("from mini_infer.notebook_env import setup")[0]  # up to the install
+    try:
+        result = shell.run_cell(cell)
+    finally:
+        monkeypatch.setattr(builtins, "__import__", real_import)
+        InteractiveShell.clear_instance()
+    result.raise_error()
+    assert seen_patterns == [f"/kaggle/input/**/{release_wheel_name(mini_infer.__version__)}"]
+    return pip_lines
+
+
+def test_first_cell_installs_this_version_from_the_website(monkeypatch: pytest.MonkeyPatch) -> None:
+    version = mini_infer.__version__
+    assert run_first_cell(monkeypatch, kaggle_wheels=[]) == [
+        f'install -q "mini-infer[notebook] @ {site_url()}wheels/mini_infer-{version}-py3-none-any.whl"'
+    ]
+
+
+def test_first_cell_installs_the_attached_kaggle_wheels_without_an_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    version = mini_infer.__version__
+    wheel = f"/kaggle/input/datasets/someone/mini-infer-wheels/mini_infer-{version}-py3-none-any.whl"
+    assert run_first_cell(monkeypatch, kaggle_wheels=[wheel]) == [
+        f'install -q --no-index --find-links /kaggle/input/datasets/someone/mini-infer-wheels "mini-infer[notebook]=={version}"'
+    ]
 
 
 def test_contributing_guide_shows_the_canonical_cell() -> None:
     guide = (ROOT / "book" / "contributing.md").read_text(encoding="utf-8")
-    assert first_cell(repository_url()) in guide, "book/contributing.md must show first_cell() exactly"
+    assert canonical_first_cell() in guide, "book/contributing.md must show first_cell() exactly"
 
 
 # --- setup() ----------------------------------------------------------------------------------
@@ -255,3 +313,129 @@ def test_on_your_own_refuses_the_code_an_answer_must_not_call_by_any_name():
         answer([3])
     with pytest.raises(TypeError, match="Python functions"), on_your_own(len):
         pass
+
+
+# --- explore(): a static picture always, live controls where ipywidgets is ----------------------
+
+
+@pytest.fixture
+def pictures(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
+    """Records what explore() shows: the figures plt.show() would display, and displayed widgets."""
+    mpl = pytest.importorskip("matplotlib")
+    mpl.use("Agg")
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    shown: dict[str, list] = {"figures": [], "displayed": []}
+
+    def show() -> None:
+        for number in plt.get_fignums():
+            shown["figures"].append(plt.figure(number))
+            plt.close(number)
+
+    monkeypatch.setattr(plt, "show", show)
+    monkeypatch.setattr(IPython.display, "display", lambda *objects, **kwargs: shown["displayed"].extend(objects))
+    return shown
+
+
+def recording_draw(calls: list):
+    def draw(fig, step: int = 0, legend: bool = False) -> None:
+        calls.append((type(fig).__name__, step, legend))
+        fig.subplots().plot([0, step])
+
+    return draw
+
+
+def test_explore_shows_the_static_picture_then_controls_that_redraw_it(pictures: dict[str, list]) -> None:
+    pytest.importorskip("ipywidgets")
+    calls: list = []
+    notebook_env.explore(recording_draw(calls), {"step": 3, "legend": True}, figsize=(4.0, 2.0), step=range(12))
+    static = pictures["figures"][0]
+    assert calls[0] == ("Figure", 3, True), "the static picture comes first, drawn with its state"
+    assert tuple(static.get_size_inches()) == (4.0, 2.0)
+    (box,) = pictures["displayed"]
+    slider, output = box.children
+    assert type(slider).__name__ == "IntSlider" and slider.description == "step"
+    assert (slider.min, slider.max, slider.value) == (0, 11, 3)
+    assert calls[1] == ("Figure", 3, False), "the live figure starts at the static state; only controls are passed"
+    slider.value = 7
+    assert calls[-1] == ("Figure", 7, False), "moving the control redraws"
+    assert type(output).__name__ == "Output"
+    pictures["displayed"].clear()
+
+    def draw_from_four(fig, step: int = 4) -> None:
+        calls.append(("default", step))
+
+    notebook_env.explore(draw_from_four, {}, step=(0, 9))
+    (box,) = pictures["displayed"]
+    assert box.children[0].value == 4 and calls[-1] == ("default", 4), "no static value: draw's default"
+
+
+def test_explore_draws_several_static_states_as_a_grid(pictures: dict[str, list]) -> None:
+    calls: list = []
+    states = [{"step": s} for s in (1, 2, 3)] + [{"step": 4, "legend": True}]
+    notebook_env.explore(recording_draw(calls), states, figsize=(3.0, 2.0), ncols=2, title="four states")
+    assert calls == [("SubFigure", 1, False), ("SubFigure", 2, False), ("SubFigure", 3, False), ("SubFigure", 4, True)]
+    (grid,) = pictures["figures"]
+    assert tuple(grid.get_size_inches()) == (6.0, 4.0), "figsize is one state's size: 2 columns x 2 rows"
+    assert grid.get_suptitle() == "four states"
+    assert pictures["displayed"] == [], "no controls asked for, none shown"
+
+
+def test_explore_without_ipywidgets_says_so_in_one_line(
+    pictures: dict[str, list], monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
+    calls: list = []
+    notebook_env.explore(recording_draw(calls), {"step": 2}, step=range(5))
+    assert calls == [("Figure", 2, False)] and len(pictures["figures"]) == 1, "the static picture is still there"
+    assert capsys.readouterr().out.strip() == notebook_env.WIDGETS_MISSING
+    assert pictures["displayed"] == []
+
+
+def test_explore_controls_from_ranges_tuples_and_lists() -> None:
+    widgets = pytest.importorskip("ipywidgets")
+    control = notebook_env._control
+    slider = control(widgets, "temperature", (0.05, 3.0, 0.05), 1.0)
+    assert isinstance(slider, widgets.FloatSlider)
+    assert (slider.min, slider.max, slider.step, slider.value) == (0.05, 3.0, 0.05, 1.0)
+    ints = control(widgets, "top_k", (-1, 20), None)
+    assert isinstance(ints, widgets.IntSlider) and (ints.min, ints.max, ints.step) == (-1, 20, 1)
+    every_other = control(widgets, "step", range(0, 10, 2), 4)
+    assert isinstance(every_other, widgets.IntSlider)
+    assert (every_other.max, every_other.step, every_other.value) == (8, 2, 4)
+    buttons = control(widgets, "sequence", [("seq 0", 0), ("seq 1", 1)], 1)
+    assert isinstance(buttons, widgets.ToggleButtons) and buttons.value == 1 and buttons.description == "sequence"
+    assert isinstance(control(widgets, "n", list(range(10)), None), widgets.Dropdown)
+    with pytest.raises(ValueError, match="no values"):
+        control(widgets, "empty", [], None)
+    with pytest.raises(ValueError, match="at least one"):
+        notebook_env.explore(lambda fig: None, [])
+
+
+# --- glue(): the number a cell measured, for the prose beside it ---------------------------------
+
+
+def test_glue_writes_what_myst_nb_writes_with_or_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import IPython.display
+
+    displayed: list = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objects, **kwargs: displayed.append((objects, kwargs)))
+    monkeypatch.setitem(sys.modules, "myst_nb", None)  # as on Colab and Kaggle
+    notebook_env.glue("speedup", torch.tensor(1.25))  # a 0-d tensor becomes a Python float
+    notebook_env.glue("label", "1.1x")
+    (bundle,), kwargs = displayed[0]
+    assert bundle == {notebook_env.GLUE_PREFIX + "text/plain": "1.25"}
+    scrapbook = {"name": "speedup", "mime_prefix": notebook_env.GLUE_PREFIX}
+    assert kwargs == {"raw": True, "metadata": {"scrapbook": scrapbook}}
+    assert displayed[1][0][0] == {notebook_env.GLUE_PREFIX + "text/plain": "'1.1x'"}
+    monkeypatch.delitem(sys.modules, "myst_nb")
+    glue_module = pytest.importorskip("myst_nb.ext.glue")
+    monkeypatch.setattr(glue_module, "ipy_display", lambda *objects, **kwargs: displayed.append((objects, kwargs)))
+    notebook_env.glue("speedup", torch.tensor(1.25))
+    notebook_env.glue("label", "1.1x")
+    assert displayed[2:] == displayed[:2], "the fallback writes exactly MyST-NB's output"
