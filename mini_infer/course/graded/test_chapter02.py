@@ -45,6 +45,10 @@ def causal_visible(num_queries, num_keys):
 def test_rms_norm_matches_the_formula():
     torch.manual_seed(0)
     x, weight = torch.randn(5, 16) * 3, torch.randn(16)
+    x3 = torch.randn(2, 3, 16)  # the statistics are over the last axis, whatever the rank
+    torch.testing.assert_close(
+        rms_norm(x3, weight, 1e-6), weight * x3 / torch.sqrt((x3 * x3).mean(-1, keepdim=True) + 1e-6)
+    )
     for eps in (1e-6, 0.5):
         expected = weight * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
         torch.testing.assert_close(rms_norm(x, weight, eps), expected)
@@ -143,6 +147,10 @@ def test_folded_bias():
     single = folded_bias(torch.tensor([[True, False]]), 4, torch.float16)
     assert single.shape == (1, 2) and single.dtype == torch.float16  # one row broadcasts
     assert torch.equal(folded_bias(mask, 1, torch.float32), expected[:2])
+    batched = torch.stack([mask, ~mask])[None]  # [1, 2, 2, 3]: a batch of masks, as paged attention folds them
+    bias = folded_bias(batched, 2, torch.float32)
+    assert bias.shape == (1, 2, 4, 3)
+    assert torch.equal(bias[0, 1], torch.where(~mask, 0.0, float("-inf")).repeat(2, 1))
 
 
 CASES = [(4, 2, 3, 7), (6, 1, 5, 5), (2, 2, 1, 9), (8, 2, 4, 4), (4, 4, 2, 6)]
@@ -166,6 +174,10 @@ def test_attention_under_a_mask_and_without_one():
     visible = torch.rand(3, 6) > 0.4
     visible[:, 0] = True
     torch.testing.assert_close(attention(q, k, v, causal=True, mask=visible), reference_attention(q, k, v, visible))
+    square = torch.rand(6, 6) > 0.5  # as many queries as keys: the mask still rules, not the causal shortcut
+    square[:, 2] = True
+    q6 = torch.randn(6, 4, 8)
+    torch.testing.assert_close(attention(q6, k, v, causal=True, mask=square), reference_attention(q6, k, v, square))
     everything = torch.ones(3, 6, dtype=torch.bool)
     torch.testing.assert_close(attention(q, k, v, causal=False), reference_attention(q, k, v, everything))
 

@@ -64,6 +64,11 @@ def test_top_p_keeps_the_nucleus():
         [True, True, True, True],
     ]
     assert kept(apply_top_p(logits, torch.tensor([1e-9, 1.0]))) == [[True, False, False, False], [True] * 4]
+    # 1e-300 is 0 in float32: the most likely token is still kept.
+    assert kept(apply_top_p(logits, torch.tensor([1e-300, 1.0]))) == [[True, False, False, False], [True] * 4]
+    # float32 rounds 1 - 1e-13 to 1: the mass before the tiny token already "reaches" 1, yet
+    # top_p = 1 keeps every token.
+    assert kept(apply_top_p(torch.tensor([[0.0, -30.0]]), torch.tensor([1.0]))) == [[True, True]]
     out = apply_top_p(logits, torch.tensor([0.79, 1.0]))
     assert torch.equal(out[out > INF], logits[out > INF])
 
@@ -86,15 +91,16 @@ def test_min_p():
 
 @pytest.mark.points(3)
 def test_penalties_by_hand():
-    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5], [2.0, -2.0, 1.0, 0.5]])
-    prompt = torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0]])
-    output = torch.tensor([[0, 2, 0, 0], [3, 0, 1, 0]])
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, -0.5, 0.0], [2.0, -2.0, 1.0, 0.5, -0.5, 0.0]])
+    prompt = torch.tensor([[1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
+    output = torch.tensor([[0, 2, 1, 0, 0, 0], [3, 0, 1, 0, 0, 0]])
     out = apply_penalties(
         logits, prompt, output, torch.tensor([2.0, 1.0]), torch.tensor([0.5, 0.25]), torch.tensor([0.1, 0.2])
     )
-    # Row 0: tokens 0 (prompt) and 1 (output) seen; 2.0 / 2 = 1.0; -2.0 * 2 = -4.0, then -0.1 * 2 - 0.5.
+    # Row 0: tokens 0, 3, 4 seen in the prompt, 1 and 2 in the output: a positive logit is
+    # divided by 2, a negative one multiplied; then -0.1 per output occurrence and -0.5 once.
     # Row 1: no repetition penalty; token 0: 2.0 - 0.2 * 3 - 0.25; token 2: 1.0 - 0.2 - 0.25.
-    expected = torch.tensor([[1.0, -4.7, 1.0, 0.5], [1.15, -2.0, 0.55, 0.5]])
+    expected = torch.tensor([[1.0, -4.7, -0.1, 0.25, -1.0, 0.0], [1.15, -2.0, 0.55, 0.5, -0.5, 0.0]])
     torch.testing.assert_close(out, expected)
 
 
@@ -135,6 +141,13 @@ def test_a_seeded_row_draws_from_its_own_generator_whatever_the_batch():
     shared = torch.empty(3, vocab).exponential_(generator=generator(1))
     torch.testing.assert_close(mixed[0], shared[0])  # unseeded rows: one draw for the batch
     assert (mixed > 0).all()
+
+
+@pytest.mark.points(1)
+def test_unseeded_rows_share_one_draw():
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7)]
+    out = Sampler.exponentials(torch.Size((2, 5)), params, [None, None], generator(4), torch.device("cpu"))
+    torch.testing.assert_close(out, torch.empty(2, 5).exponential_(generator=generator(4)))
 
 
 @pytest.mark.points(1)
