@@ -113,7 +113,7 @@ class GradeReport:
         return "\n".join(lines)
 
 
-def test_file(chapter: int) -> Path:
+def graded_file(chapter: int) -> Path:
     path = GRADED / f"test_chapter{chapter:02d}.py"
     if not path.exists():
         have = sorted(int(p.stem[-2:]) for p in GRADED.glob("test_chapter[0-9][0-9].py"))
@@ -160,7 +160,7 @@ def child_environment(package_dir: Path) -> dict[str, str]:
 
 def prepare_run_dir(work: Path, chapter: int) -> Path:
     """``work`` set up for a run: the chapter's tests, the child's conftest, an empty pytest.ini."""
-    shutil.copyfile(test_file(chapter), work / f"test_chapter{chapter:02d}.py")
+    shutil.copyfile(graded_file(chapter), work / f"test_chapter{chapter:02d}.py")
     (work / "conftest.py").write_text(CHILD_CONFTEST)
     (work / "pytest.ini").write_text("[pytest]\n")
     return work / f"test_chapter{chapter:02d}.py"
@@ -171,7 +171,7 @@ def grade(chapter: int, package_dir: Path, timeout: float = 600.0) -> GradeRepor
     package_dir = package_dir.resolve()
     if not (package_dir / "mini_infer" / "__init__.py").exists():
         raise FileNotFoundError(f"{package_dir} holds no mini_infer package (expected {package_dir}/mini_infer)")
-    expected = possible_points(test_file(chapter).read_text())
+    expected = possible_points(graded_file(chapter).read_text())
     report = GradeReport(chapter, str(package_dir), total=sum(expected.values()))
     with tempfile.TemporaryDirectory(prefix="mini-infer-grade-") as tmp:
         work = Path(tmp)

@@ -153,11 +153,8 @@ def test_folded_bias():
     assert torch.equal(bias[0, 1], torch.where(~mask, 0.0, float("-inf")).repeat(2, 1))
 
 
-CASES = [(4, 2, 3, 7), (6, 1, 5, 5), (2, 2, 1, 9), (8, 2, 4, 4), (4, 4, 2, 6)]
-
-
 @pytest.mark.points(2)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [(4, 2, 3, 7), (6, 1, 5, 5), (2, 2, 1, 9), (8, 2, 4, 4), (4, 4, 2, 6)])
 def test_attention_causal(case):
     heads, kv_heads, num_queries, num_keys = case
     torch.manual_seed(sum(case))
