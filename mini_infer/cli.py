@@ -17,21 +17,42 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from mini_infer.cli_options import add_engine_args, engine_kwargs
 
+if TYPE_CHECKING:
+    from mini_infer.sampling_params import SamplingParams
+
+# ``generate``'s sampling flags: SamplingParams' field -> (flag, type, what applies when neither the
+# flag nor the model's generation config sets it). Greedy by default, unlike the API.
+_SAMPLING_FLAGS: dict[str, tuple[str, type, float | int | None]] = {
+    "max_tokens": ("--max-tokens", int, 64),
+    "temperature": ("--temperature", float, 0.0),
+    "top_p": ("--top-p", float, None),
+    "top_k": ("--top-k", int, None),
+    "min_p": ("--min-p", float, None),
+    "repetition_penalty": ("--repetition-penalty", float, None),
+}
+
+
+def generate_params(args: argparse.Namespace, model_defaults: dict[str, Any]) -> SamplingParams:
+    """``generate``'s request: the flags given, then the model's defaults (none with
+    ``--generation-config vllm``), then the command's own fallbacks (64 tokens, greedy)."""
+    from mini_infer.sampling_params import SamplingParams
+
+    given = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name) is not None}
+    if args.sampling_seed is not None:
+        given["seed"] = args.sampling_seed
+    fallback = {name: value for name, (_, _, value) in _SAMPLING_FLAGS.items() if value is not None}
+    return SamplingParams(**given).with_defaults(fallback | model_defaults)
+
 
 def _generate(args: argparse.Namespace) -> int:
-    from mini_infer import LLM, SamplingParams
+    from mini_infer import LLM
 
     llm = LLM(args.model, **engine_kwargs(args))
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.sampling_seed,
-    )
+    params = generate_params(args, llm.engine.sampling_defaults)
     prompts = args.prompt or ["What is 12 + 30?"]
     if args.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
@@ -69,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--sampling-seed", type=int, default=None)
+    for name, (flag, kind, fallback) in _SAMPLING_FLAGS.items():
+        otherwise = "" if fallback is None else f", else {fallback}"
+        gen.add_argument(
+            flag, dest=name, type=kind, default=None, help=f"default: the model's generation config{otherwise}"
+        )
+    gen.add_argument("--sampling-seed", type=int, default=None, help="seed of these requests' sampling")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
     gen.set_defaults(func=_generate)
 

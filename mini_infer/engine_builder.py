@@ -14,11 +14,15 @@ apart. ``build_engine(config)`` then does, in order:
    (``decode_graphs``, chapter 05);
 5. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
    draft's slots, the full sampler (chapter 09) or the speculative decoder that verifies
-   (chapter 10), and the engine loop (chapter 06).
+   (chapter 10), and the engine loop (chapter 06), which gives every request the model's own
+   sampling defaults for the fields it leaves unset (``generation_config``, as vLLM's
+   ``--generation-config``: ``auto`` reads the model's ``generation_config.json``, ``vllm``
+   ignores it, a directory reads that directory's).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ from mini_infer.model import Qwen2Model
 from mini_infer.model_runner import ModelRunner, SequenceInput
 from mini_infer.model_source import resolve_model
 from mini_infer.sampling import Sampler, SamplingParams
+from mini_infer.sampling_params import generation_defaults
 from mini_infer.scheduler import Scheduler
 from mini_infer.speculative import SpeculativeDecoder, check_draft_vocabulary
 from mini_infer.tokenizer import Tokenizer
@@ -68,6 +73,12 @@ class EngineConfig:
         DEFAULT_NUM_SPECULATIVE_TOKENS, "guessed tokens verified per step (with a draft model)"
     )
     enforce_eager: bool = _option(False, "on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
+    generation_config: str = _option(
+        "auto",
+        "sampling defaults for what a request leaves unset: 'auto' reads the model's generation_config.json "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), 'vllm' ignores it, "
+        "or a directory holding a generation_config.json",
+    )
     seed: int = _option(0, "seed of the random stream shared by unseeded requests")
     show_progress: bool = _option(True, "progress bars while loading")
 
@@ -94,6 +105,17 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
+        source = self.generation_config
+        if source not in ("auto", "vllm") and not (Path(source) / "generation_config.json").is_file():
+            raise ValueError(
+                f"generation_config must be 'auto', 'vllm' or a directory holding a generation_config.json, got {source!r}"
+            )
+
+    def sampling_defaults(self, model_dir: Path) -> dict[str, Any]:
+        """What a request's unset SamplingParams fields take (see the module docstring)."""
+        if self.generation_config == "vllm":
+            return {}
+        return generation_defaults(model_dir if self.generation_config == "auto" else Path(self.generation_config))
 
 
 def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, show_progress: bool) -> Qwen2Model:
@@ -192,4 +214,27 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     )
     eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
     sampler = speculator or Sampler(config.seed)
-    return LLMEngine(runners[0], scheduler, tokenizer, eos_token_ids=eos, sampler=sampler, drafter=speculator)
+    defaults = config.sampling_defaults(model_dir)
+    if speculator is not None:
+        _warn_if_defaults_stop_drafts(defaults)
+    return LLMEngine(
+        runners[0],
+        scheduler,
+        tokenizer,
+        eos_token_ids=eos,
+        sampler=sampler,
+        drafter=speculator,
+        sampling_defaults=defaults,
+    )
+
+
+def _warn_if_defaults_stop_drafts(defaults: dict[str, Any]) -> None:
+    """A model whose generation config sets a repetition penalty (the small Qwen2.5-Instruct
+    models do) gives it to every request that does not set its own, and requests with penalties
+    are served without drafts (chapter 10): say so, once, when the engine is built."""
+    if SamplingParams().with_defaults(defaults).needs_penalties:
+        warnings.warn(
+            f"the model's generation config sets {defaults}: requests that keep its penalty are served without "
+            "drafts; give them repetition_penalty=1.0, or build the engine with generation_config='vllm'",
+            stacklevel=3,
+        )

@@ -6,14 +6,23 @@ request fails at the door with a message naming the field; after construction ``
 ``ignore_eos``; temperature, top-k, top-p, min-p, penalties, seeds and logprobs are the sampler's
 business (chapter 09). A seeded request owns a ``torch.Generator`` (``make_generator``) for its
 whole life, so that preemption or a different batch never changes its tokens.
+
+A checkpoint carries its own sampling defaults in ``generation_config.json`` (Qwen2.5-Instruct:
+temperature 0.7, top_p 0.8, top_k 20 and a repetition penalty). ``generation_defaults`` reads
+them, as vLLM's ``--generation-config auto`` does, and ``SamplingParams.with_defaults`` gives
+them to the fields a request did not set: a ``SamplingParams`` remembers which fields its caller
+gave (``fields_set``: in the constructor, or assigned afterwards), so that an explicit
+``temperature=1.0`` wins over the model's 0.7 while a field left out takes it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,6 +76,8 @@ class SamplingParams:
 
     After construction ``stop`` and ``stop_token_ids`` are always lists (empty when not given;
     ``stop`` also takes one string and ``stop_token_ids`` also takes None, as in vLLM).
+    ``fields_set`` names the fields the caller gave, to the constructor or by assignment; the
+    others may take a model's defaults (``with_defaults``).
     """
 
     max_tokens: int = 16
@@ -83,6 +94,22 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    # The names the caller gave: a frozenset while the constructor runs (its own assignments are
+    # not the caller's), a set afterwards, replaced by a larger one at each assignment of a field
+    # (never changed in place, so that copies do not share it).
+    _fields_set: frozenset[str] | set[str] = field(init=False, repr=False, compare=False)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # __new__ sees the constructor's arguments, which __init__ cannot tell from defaults.
+        self = object.__new__(cls)
+        object.__setattr__(self, "_fields_set", frozenset(_FIELD_NAMES[: len(args)]).union(kwargs))
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        given = getattr(self, "_fields_set", None)
+        if isinstance(given, set) and name in _FIELD_NAMES:
+            object.__setattr__(self, "_fields_set", given | {name})
 
     def __post_init__(self) -> None:
         for name, (kind, rule, holds) in _RULES.items():
@@ -95,6 +122,26 @@ class SamplingParams:
             setattr(self, name, value)
         self.stop = self._check_stop(self.stop)
         self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
+        object.__setattr__(self, "_fields_set", set(self._fields_set))
+
+    @property
+    def fields_set(self) -> frozenset[str]:
+        """The fields the caller gave (constructor arguments and later assignments)."""
+        return frozenset(self._fields_set)
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> SamplingParams:
+        """These parameters, with ``defaults`` (a model's, say) for the fields the caller did not
+        set; the caller's values always win. ``self`` when no default applies; otherwise a new,
+        validated ``SamplingParams`` that remembers the same ``fields_set``."""
+        unknown = set(defaults) - set(_FIELD_NAMES)
+        if unknown:
+            raise ValueError(f"defaults for unknown SamplingParams fields: {sorted(unknown)}")
+        applied = {name: value for name, value in defaults.items() if name not in self._fields_set}
+        if all(getattr(self, name) == value for name, value in applied.items()):
+            return self
+        merged = SamplingParams(**{name: getattr(self, name) for name in _FIELD_NAMES} | applied)
+        object.__setattr__(merged, "_fields_set", set(self._fields_set))
+        return merged
 
     @staticmethod
     def _check_stop(stop: object) -> list[str]:
@@ -126,6 +173,42 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(SamplingParams) if f.init)
+
+# What a generation_config.json may set for every request, in transformers' names, and the
+# SamplingParams field each one defaults (the fields vLLM reads: ``do_sample`` is not one of them).
+GENERATION_DEFAULT_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def generation_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The sampling defaults a checkpoint's ``generation_config.json`` sets, under SamplingParams'
+    names (``max_new_tokens`` becomes ``max_tokens``; transformers' ``top_k=0``, "no top-k",
+    becomes -1); ``{}`` when the file is absent or sets none. A value SamplingParams would refuse
+    is a ValueError naming the file."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    defaults = {ours: raw[theirs] for theirs, ours in GENERATION_DEFAULT_FIELDS.items() if raw.get(theirs) is not None}
+    if defaults.get("top_k") == 0:
+        defaults["top_k"] = -1
+    try:
+        SamplingParams(**defaults)
+    except ValueError as exc:
+        raise ValueError(f"{path} sets a sampling default mini-infer refuses: {exc}") from None
+    return defaults
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

@@ -65,6 +65,7 @@ class Bench:
             max_num_seqs=args.max_num_seqs,
             enable_prefix_caching=False,  # random prompts share nothing; keep the comparison plain
             enforce_eager=args.enforce_eager,
+            generation_config="vllm",  # greedy as transformers' baseline, whatever the model's defaults
             show_progress=False,
         )
         config = self.llm.engine.model_config
