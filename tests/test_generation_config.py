@@ -23,7 +23,13 @@ from mini_infer.server import BackgroundServer, ServerConfig, build_app
 
 # Qwen2.5-Instruct's defaults, with a penalty strong enough to change greedy tokens, and a
 # max_new_tokens that shows in every output's length.
-DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 3.0, "max_new_tokens": 7}
+DEFAULTS: dict[str, Any] = {
+    "temperature": 0.7,
+    "top_p": 0.8,
+    "top_k": 20,
+    "repetition_penalty": 3.0,
+    "max_new_tokens": 7,
+}
 AS_PARAMS: dict[str, Any] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 3.0, "max_tokens": 7}
 ENGINE: dict[str, Any] = {"dtype": "float32", "num_kv_blocks": 64, "show_progress": False}
 PROMPT = [5, 6, 7, 5, 6, 7, 5, 6]
