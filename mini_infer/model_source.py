@@ -106,10 +106,12 @@ def find_kaggle_model(handle: str, root: str | Path = KAGGLE_INPUT) -> Path | No
     owner, model, framework, variation = parts[:4]
     root = Path(root)
     for base in (root / "models" / owner, root):
-        variation_dir = _descend(base, [model, framework, variation])
-        if variation_dir is None:
-            continue
-        versions = [d for d in variation_dir.iterdir() if d.is_dir() and (len(parts) == 4 or d.name == parts[4])]
+        versions = [
+            d
+            for variation_dir in _descend(base, [model, framework, variation])
+            for d in variation_dir.iterdir()
+            if d.is_dir() and (len(parts) == 4 or d.name == parts[4])
+        ]
         for version in sorted(versions, key=_version_order, reverse=True):
             inner = [version] + sorted(d for d in version.iterdir() if d.is_dir())
             holding = [d for d in inner if (d / "config.json").is_file()]
@@ -118,17 +120,14 @@ def find_kaggle_model(handle: str, root: str | Path = KAGGLE_INPUT) -> Path | No
     return None
 
 
-def _descend(base: Path, names: list[str]) -> Path | None:
-    """``base / names[0] / names[1] / ...``, each name matched without regard to case."""
-    path = base
+def _descend(base: Path, names: list[str]) -> list[Path]:
+    """Every ``base / names[0] / names[1] / ...``, each name matched without regard to case."""
+    paths = [base]
     for name in names:
-        if not path.is_dir():
-            return None
-        match = next((d for d in sorted(path.iterdir()) if d.is_dir() and d.name.lower() == name.lower()), None)
-        if match is None:
-            return None
-        path = match
-    return path
+        paths = [
+            d for p in paths if p.is_dir() for d in sorted(p.iterdir()) if d.is_dir() and d.name.lower() == name.lower()
+        ]
+    return paths
 
 
 def _version_order(version: Path) -> tuple[int, str]:

@@ -69,6 +69,12 @@ def test_kaggle_models_under_models_owner_highest_version_any_case_one_subfolder
     assert model_source.find_kaggle_model(HANDLE, tmp_path / "nothing-mounted") is None
 
 
+def test_kaggle_models_under_two_spellings_of_one_framework(tmp_path):
+    _model_at(tmp_path / "models" / "qwen-lm" / "qwen2.5" / "Transformers" / "7b-instruct" / "1")
+    mounted = _model_at(tmp_path / "models" / "qwen-lm" / "qwen2.5" / "transformers" / "0.5b-instruct" / "1")
+    assert model_source.find_kaggle_model(HANDLE, tmp_path) == mounted
+
+
 def test_a_kaggle_handle_has_four_or_five_parts():
     for bad in ("qwen-lm/qwen2.5", "a/b/c/d/e/f", "a//c/d"):
         with pytest.raises(ValueError, match="owner/model/framework/variation"):
