@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.config import ModelConfig
 from mini_infer.sampling_params import generation_defaults
 from mini_infer.speculative import check_draft_vocabulary
 from mini_infer.tokenizer import Tokenizer
+from tests.engine_checks import transformers_greedy
 
 MODELS = {"0.5b": "MINI_INFER_QWEN_0_5B_DIR", "1.5b": "MINI_INFER_QWEN_1_5B_DIR"}
 VOCAB_ROWS = 151_936  # the embedding rows of both checkpoints; the tokenizer has fewer tokens
@@ -134,35 +134,13 @@ def test_the_chat_template_renders_as_transformers_renders_it(real_dir: Path) ->
     assert expected.startswith("<|im_start|>system\nBe brief.") and "get_weather" in expected
 
 
-def hf_greedy(path: Path, prompts: list[list[int]], max_new_tokens: int, repetition_penalty: float) -> list[list[int]]:
-    """``transformers`` ``generate``, greedy in float32 on the CPU, one prompt at a time, never
-    stopping at EOS, with the repetition penalty given explicitly."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        generated = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            repetition_penalty=repetition_penalty,
-            eos_token_id=None,
-            pad_token_id=None,
-        )
-        out.append(generated[0, len(prompt) :].tolist())
-    return out
-
-
 def test_greedy_parity_with_transformers_on_16_prompts(real_dir: Path) -> None:
     """With the model's own defaults: its repetition penalty applies to both sides."""
     llm = LLM(str(real_dir), dtype="float32", show_progress=False, max_num_seqs=16)
     prompts = [llm.engine.tokenizer.encode(llm.engine.tokenizer.apply_chat_template([q])) for q in chats()]
     penalty = generation_defaults(real_dir).get("repetition_penalty", 1.0)
     ours = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)
-    expected = hf_greedy(real_dir, prompts, 16, penalty)
+    expected = transformers_greedy(real_dir, prompts, 16, repetition_penalty=penalty)
     assert [o.token_ids for o in ours] == expected
 
 
