@@ -1,6 +1,7 @@
 """The ``mini-infer`` command line: every command of the course (chapter 12).
 
     mini-infer generate --model tiny --prompt "What is 2 + 3?" --chat
+    mini-infer chat --model tiny                    (an interactive chat, streamed)
     mini-infer serve --model tiny --port 8000       (chapter 11: the OpenAI-compatible server)
     mini-infer random-model OUT_DIR --shape qwen2.5-0.5b
     mini-infer bench offline            (chapter 06: the engine against transformers and the roofline)
@@ -24,10 +25,11 @@ from mini_infer.cli_options import add_engine_args, engine_kwargs
 if TYPE_CHECKING:
     from mini_infer.sampling_params import SamplingParams
 
-# ``generate``'s sampling flags: SamplingParams' field -> (flag, type, what applies when neither the
-# flag nor the model's generation config sets it). Greedy by default, unlike the API.
+# The sampling flags of ``generate`` and ``chat``: SamplingParams' field -> (flag, type, what applies
+# when neither the flag nor the model's generation config sets it; max_tokens' is the command's).
+# Greedy by default, unlike the API.
 _SAMPLING_FLAGS: dict[str, tuple[str, type, float | int | None]] = {
-    "max_tokens": ("--max-tokens", int, 64),
+    "max_tokens": ("--max-tokens", int, None),
     "temperature": ("--temperature", float, 0.0),
     "top_p": ("--top-p", float, None),
     "top_k": ("--top-k", int, None),
@@ -36,16 +38,23 @@ _SAMPLING_FLAGS: dict[str, tuple[str, type, float | int | None]] = {
 }
 
 
-def generate_params(args: argparse.Namespace, model_defaults: dict[str, Any]) -> SamplingParams:
-    """``generate``'s request: the flags given, then the model's defaults (none with
-    ``--generation-config vllm``), then the command's own fallbacks (64 tokens, greedy)."""
+def requested_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling flags given on the command line, validated (nothing else filled in)."""
     from mini_infer.sampling_params import SamplingParams
 
     given = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name) is not None}
     if args.sampling_seed is not None:
         given["seed"] = args.sampling_seed
+    return SamplingParams(**given)
+
+
+def generate_params(args: argparse.Namespace, model_defaults: dict[str, Any]) -> SamplingParams:
+    """The request of ``generate`` and ``chat``: the flags given, then the model's defaults (none
+    with ``--generation-config vllm``), then the command's own fallbacks (greedy; 64 tokens for
+    ``generate``, 512 for ``chat``)."""
     fallback = {name: value for name, (_, _, value) in _SAMPLING_FLAGS.items() if value is not None}
-    return SamplingParams(**given).with_defaults(fallback | model_defaults)
+    fallback["max_tokens"] = args.fallback_max_tokens
+    return requested_params(args).with_defaults(fallback | model_defaults)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -70,6 +79,29 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chat(args: argparse.Namespace) -> int:
+    from mini_infer import LLM
+    from mini_infer.chat_cli import run_chat
+
+    requested_params(args)  # refuses bad sampling settings before loading anything
+    llm = LLM(args.model, **engine_kwargs(args))
+    run_chat(llm, generate_params(args, llm.engine.sampling_defaults), system=args.system)
+    return 0
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    """The sampling flags ``generate`` and ``chat`` share; ``max_tokens`` is the command's own
+    fallback when neither ``--max-tokens`` nor the model's generation config sets it."""
+    for name, (flag, kind, fallback) in _SAMPLING_FLAGS.items():
+        fallback = max_tokens if name == "max_tokens" else fallback
+        otherwise = "" if fallback is None else f", else {fallback}"
+        parser.add_argument(
+            flag, dest=name, type=kind, default=None, help=f"default: the model's generation config{otherwise}"
+        )
+    parser.add_argument("--sampling-seed", type=int, default=None, help="seed of these requests' sampling")
+    parser.set_defaults(fallback_max_tokens=max_tokens)
+
+
 def _random_model(args: argparse.Namespace) -> int:
     from mini_infer.offline_models import write_random_model
 
@@ -90,14 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn with the chat template")
-    for name, (flag, kind, fallback) in _SAMPLING_FLAGS.items():
-        otherwise = "" if fallback is None else f", else {fallback}"
-        gen.add_argument(
-            flag, dest=name, type=kind, default=None, help=f"default: the model's generation config{otherwise}"
-        )
-    gen.add_argument("--sampling-seed", type=int, default=None, help="seed of these requests' sampling")
+    _add_sampling_args(gen, max_tokens=64)
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
     gen.set_defaults(func=_generate)
+
+    chat = sub.add_parser("chat", help="an interactive chat in the terminal, streamed (/reset, /quit)")
+    add_engine_args(chat)
+    _add_sampling_args(chat, max_tokens=512)
+    chat.add_argument("--system", default=None, help="a system prompt to start every conversation with")
+    chat.set_defaults(func=_chat)
 
     from mini_infer.server import cli as serve_cli  # light: FastAPI is imported only when serving
 

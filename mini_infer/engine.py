@@ -138,6 +138,9 @@ class LLMEngine:
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        bad = next((t for t in params.logit_bias or {} if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias token id {bad} is outside the vocabulary [0, {vocab})")
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.outputs.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")

@@ -13,11 +13,12 @@ apart. ``build_engine(config)`` then does, in order:
 4. on CUDA, unless ``enforce_eager``, let each model's decode steps replay CUDA graphs
    (``decode_graphs``, chapter 05);
 5. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
-   draft's slots, the full sampler (chapter 09) or the speculative decoder that verifies
-   (chapter 10), and the engine loop (chapter 06), which gives every request the model's own
-   sampling defaults for the fields it leaves unset (``generation_config``, as vLLM's
-   ``--generation-config``: ``auto`` reads the model's ``generation_config.json``, ``vllm``
-   ignores it, a directory reads that directory's).
+   draft's slots, the full sampler (chapter 09) with constrained decoding for structured
+   outputs (chapter 09b; its grammar engine starts at the first request that has a grammar),
+   or the speculative decoder that verifies (chapter 10), and the engine loop (chapter 06),
+   which gives every request the model's own sampling defaults for the fields it leaves unset
+   (``generation_config``, as vLLM's ``--generation-config``: ``auto`` reads the model's
+   ``generation_config.json``, ``vllm`` ignores it, a directory reads that directory's).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from mini_infer.sampling import Sampler, SamplingParams
 from mini_infer.sampling_params import generation_defaults
 from mini_infer.scheduler import Scheduler
 from mini_infer.speculative import SpeculativeDecoder, check_draft_vocabulary
+from mini_infer.structured_output import StructuredOutputs
 from mini_infer.tokenizer import Tokenizer
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -197,11 +199,20 @@ def build_engine(config: EngineConfig) -> LLMEngine:
                 max_model_len=max_model_len,
                 capture=True,
             )
+    eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
+    mask = StructuredOutputs(tokenizer, target_config.vocab_size, eos)
     # The draft's pool has the same block ids as the target's: one scheduler serves both.
     speculator = (
         None
         if draft is None
-        else SpeculativeDecoder(runners[1], config.num_speculative_tokens, target_config.vocab_size, config.seed)
+        else SpeculativeDecoder(
+            runners[1],
+            config.num_speculative_tokens,
+            target_config.vocab_size,
+            config.seed,
+            eos_token_ids=eos,
+            mask=mask,
+        )
     )
     pool = BlockPool(num_blocks, config.block_size)
     scheduler = Scheduler(
@@ -212,8 +223,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         prefix_cache=RadixCache(pool) if config.enable_prefix_caching else None,
         speculation=speculator,
     )
-    eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
-    sampler = speculator or Sampler(config.seed)
+    sampler = speculator or Sampler(config.seed, eos_token_ids=eos, mask=mask)
     defaults = config.sampling_defaults(model_dir)
     if speculator is not None:
         _warn_if_defaults_stop_drafts(defaults)

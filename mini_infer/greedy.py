@@ -8,7 +8,8 @@ is just the model's token: plain decoding is verification with ``k = 0``.
 
 ``GreedySampler`` is the sampler the engine of this chapter starts with: the argmax of every row,
 a guess accepted when it equals the argmax. It refuses, when a request is added, what only the
-full sampler of chapter 09 (``sampling.Sampler``) can do: temperature, penalties, logprobs.
+full sampler of chapter 09 (``sampling.Sampler``) can do: temperature, penalties, logprobs,
+logit biases, ``min_tokens`` and grammars.
 
 Invariant: one host sync per step, the ``tolist`` of the argmax.
 """
@@ -82,10 +83,11 @@ class GreedySampler:
     """Greedy decoding for the engine of chapter 06 (see the module docstring)."""
 
     def check(self, params: SamplingParams) -> None:
-        if not params.greedy or params.needs_penalties or params.logprobs is not None:
+        if not params.greedy or params.needs_penalties or params.logprobs is not None or params.changes_logits:
             raise ValueError(
-                "this engine decodes greedily only (temperature=0, no penalties, no logprobs); give it the "
-                "full sampler of chapter 09 (mini_infer.sampling.Sampler), as LLM does"
+                "this engine decodes greedily only (temperature=0; no penalties, logprobs, logit_bias, min_tokens "
+                "or structured_outputs); give it the full sampler of chapter 09 (mini_infer.sampling.Sampler), "
+                "as LLM does"
             )
 
     def sample(

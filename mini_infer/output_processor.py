@@ -3,14 +3,14 @@
 Every step the engine hands each sequence's new tokens to ``take`` *before* the scheduler
 appends them. ``take`` detokenizes them one at a time and finds the first stop: an EOS token
 (unless ``ignore_eos``), a stop token id, a stop string completed in the text, or ``max_tokens``
-reached. It returns the tokens up to and including that one; the rest (guesses accepted past an
+reached; none of the first three counts while the output has ``min_tokens`` tokens or fewer. It returns the tokens up to and including that one; the rest (guesses accepted past an
 EOS, say, chapter 10) never enter the sequence, so ``num_computed_tokens <= len(token_ids)``
 holds for every sequence, finished ones included. ``output`` then builds the request's
 ``RequestOutput``: cumulative text and tokens, and the piece that is new (for streaming).
 
 Text is streamed without ever cutting a character (``IncrementalDetokenizer``, chapter 01) or
 showing a stop string (``StopStringChecker``); an EOS or stop token's text is not part of the
-answer. The counters (tokens in and out, finished requests) are the engine's statistics.
+answer, and other special tokens' text only with ``skip_special_tokens=False``. The counters (tokens in and out, finished requests) are the engine's statistics.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class OutputProcessor:
     def add(self, seq: Sequence, prompt: str | None) -> None:
         params = seq.params
         stop = StopStringChecker(params.stop, params.include_stop_str_in_output) if params.stop else None
-        self.requests[seq.request_id] = RequestState(seq, prompt, IncrementalDetokenizer(self.tokenizer), stop)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+        self.requests[seq.request_id] = RequestState(seq, prompt, detokenizer, stop)
         self.counters["prompt_tokens"] += seq.num_prompt_tokens
 
     def take(self, seq: Sequence, sampled: SampledTokens) -> list[int]:
@@ -71,13 +72,14 @@ class OutputProcessor:
     def _check(self, state: RequestState, token: int, num_output_tokens: int) -> str | None:
         """Detokenize one new token; why the request finishes with it (None: it goes on)."""
         params, seq = state.seq.params, state.seq
-        if token in self.eos_token_ids and not params.ignore_eos:
+        may_stop = num_output_tokens > params.min_tokens
+        if token in self.eos_token_ids and not params.ignore_eos and may_stop:
             reason: str | None = "stop"  # EOS ends the turn; its text is not part of the answer
-        elif token in params.stop_token_ids:
+        elif token in params.stop_token_ids and may_stop:
             reason, seq.stop_reason = "stop", token
         else:
             reason, piece = None, state.detokenizer.push([token])
-            if state.stop_checker is not None and piece:
+            if state.stop_checker is not None and piece and may_stop:
                 piece, hit = state.stop_checker.push(piece)
                 if hit:
                     reason, seq.stop_reason = "stop", state.stop_checker.matched

@@ -10,9 +10,15 @@ Chapter 06's engine decoded greedily. This module gives it everything else a req
 * ``Sampler.__call__``: one token per row, on the device, without a host sync:
   penalties -> greedy rows take the argmax -> temperature -> top-k -> top-p -> min-p -> sample,
   plus logprobs when a row asks for them.
-* ``Sampler.sample``: the engine's sample stage (chapter 06's ``TokenSampler``): each sequence's
-  rows through ``__call__``, one host sync, then ``greedy.accepted_prefix`` per sequence (greedy
-  guesses are verified by comparison; sampled ones by chapter 10's ``SpeculativeDecoder``).
+* ``Sampler.restrict``: what a request does to its logits before anything else, per row: its
+  ``logit_bias``, its stops forbidden while it has fewer than ``min_tokens`` tokens, and the mask
+  of its grammar (``structured_outputs``), which constrained decoding (chapter 09b) plugs in
+  through the ``TokenMask`` protocol defined here. Rows of requests that ask for none of these
+  are not touched, and a batch without any such request is not even copied.
+* ``Sampler.sample``: the engine's sample stage (chapter 06's ``TokenSampler``): ``restrict``,
+  then each sequence's rows through ``__call__``, one host sync, then ``greedy.accepted_prefix``
+  per sequence (greedy guesses are verified by comparison; sampled ones by chapter 10's
+  ``SpeculativeDecoder``).
 
 Invariants:
 
@@ -38,8 +44,9 @@ the row's values alone, independent of how a sort happened to order equal entrie
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -53,6 +60,7 @@ from mini_infer.sequence import Sequence as Seq
 
 __all__ = [
     "Sampler",
+    "TokenMask",
     "SamplerOutput",
     "SamplingParams",
     "apply_min_p",
@@ -250,6 +258,20 @@ def _token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, device: t
     return counts[:, :vocab_size]
 
 
+class TokenMask(Protocol):
+    """What constrained decoding (chapter 09b's ``structured_output.StructuredOutputs``) gives the
+    sampler: for every logit row of a request with ``structured_outputs``, the tokens its grammar
+    allows next."""
+
+    def check(self, params: SamplingParams) -> None:
+        """Raise ValueError, when a request is added, for a grammar that cannot be compiled."""
+        ...
+
+    def apply(self, logits: Tensor, batch: ForwardBatch, seqs: Sequence[Seq]) -> None:
+        """Set to -inf, in place, every token that a row's grammar forbids; other rows unchanged."""
+        ...
+
+
 class Sampler:
     """Turns a batch of logits into tokens, on the device, with one host sync per engine step.
 
@@ -257,10 +279,18 @@ class Sampler:
     the sampler makes on the logits' device from its own ``seed`` (``LLM(seed=...)``). Seeded rows
     bring their own (``make_generator(params.seed, device)``, kept by the request for its whole
     life, so that preemption or a different batch does not change its tokens).
+
+    ``eos_token_ids`` are the tokens that ``min_tokens`` forbids (with each request's own stop
+    token ids); ``mask`` serves requests with ``structured_outputs`` (chapter 09b), which are
+    refused without one.
     """
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(
+        self, seed: int | None = None, *, eos_token_ids: Iterable[int] = (), mask: TokenMask | None = None
+    ) -> None:
         self.seed = seed
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.mask = mask
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def generator_for(self, device: torch.device) -> torch.Generator:
@@ -270,7 +300,15 @@ class Sampler:
         return self._generators[device]
 
     def check(self, params: SamplingParams) -> None:
-        """Every valid ``SamplingParams`` can be served (chapter 06's ``TokenSampler`` asks)."""
+        """Every valid ``SamplingParams`` can be served (chapter 06's ``TokenSampler`` asks), a
+        grammar only with a ``mask`` and when it compiles."""
+        if params.structured_outputs is not None:
+            if self.mask is None:
+                raise ValueError(
+                    "structured_outputs needs constrained decoding (chapter 09b): give the Sampler "
+                    "mask=structured_output.StructuredOutputs(...), as build_engine does"
+                )
+            self.mask.check(params)
 
     # ----------------------------------------------------------------- the engine's stage
     def sample(
@@ -281,8 +319,40 @@ class Sampler:
             raise ValueError(
                 "sampled guesses are verified by speculative.SpeculativeDecoder (chapter 10), not by Sampler"
             )
-        out = self(logits, *self.row_arguments(batch, seqs))
+        out = self(self.restrict(logits, batch, seqs), *self.row_arguments(batch, seqs))
         return per_sequence(out.to_host(), batch)  # the step's one host sync
+
+    @torch.inference_mode()  # the model's logits are inference tensors, changed in place here
+    def restrict(self, logits: Tensor, batch: ForwardBatch, seqs: Sequence[Seq]) -> Tensor:
+        """The logits with each request's ``logit_bias`` added, its stops forbidden on rows before
+        ``min_tokens``, and its grammar's mask applied (``TokenMask``): float32 when a bias or
+        ``min_tokens`` is applied (in place otherwise). Row ``j`` of a sequence with guesses
+        (chapter 10) predicts its output token ``num_output_tokens + j``. No request asking for
+        any of it: the logits themselves, untouched."""
+        if not any(seq.params.changes_logits for seq in seqs):
+            return logits
+        rows, columns, values = [], [], []
+        for seq, row_range in zip(seqs, batch.rows_of, strict=True):
+            params = seq.params
+            for j, row in enumerate(row_range):
+                for token, bias in (params.logit_bias or {}).items():
+                    rows.append(row)
+                    columns.append(token)
+                    values.append(bias)
+                if seq.num_output_tokens + j < params.min_tokens:
+                    stops = {*self.eos_token_ids, *params.stop_token_ids}
+                    rows += [row] * len(stops)
+                    columns += stops
+                    values += [-math.inf] * len(stops)
+        if rows:
+            logits = logits.to(torch.float32)
+            device = logits.device
+            index = (to_device(rows, torch.long, device), to_device(columns, torch.long, device))
+            # A forbidden token stays forbidden whatever its bias: -inf + bias is -inf.
+            logits.index_put_(index, to_device(values, torch.float32, device), accumulate=True)
+        if self.mask is not None and any(seq.params.structured_outputs is not None for seq in seqs):
+            self.mask.apply(logits, batch, seqs)
+        return logits
 
     @staticmethod
     def row_arguments(

@@ -2,10 +2,13 @@
 
 ``SamplingParams`` has vLLM's names and defaults. It is validated when it is built, so that a bad
 request fails at the door with a message naming the field; after construction ``stop`` and
-``stop_token_ids`` are always lists. The engine of chapter 06 reads ``max_tokens``, the stops and
-``ignore_eos``; temperature, top-k, top-p, min-p, penalties, seeds and logprobs are the sampler's
-business (chapter 09). A seeded request owns a ``torch.Generator`` (``make_generator``) for its
-whole life, so that preemption or a different batch never changes its tokens.
+``stop_token_ids`` are always lists. The engine of chapter 06 reads ``max_tokens``, the stops,
+``ignore_eos``, ``min_tokens`` (no stop counts before it) and ``skip_special_tokens``; temperature,
+top-k, top-p, min-p, penalties, ``logit_bias``, seeds and logprobs are the sampler's business
+(chapter 09), and ``structured_outputs`` (a JSON Schema, a regex, a choice or a grammar that the
+output must match) is constrained decoding's (chapter 09b). A seeded request owns a
+``torch.Generator`` (``make_generator``) for its whole life, so that preemption or a different
+batch never changes its tokens.
 
 A checkpoint carries its own sampling defaults in ``generation_config.json`` (Qwen2.5-Instruct:
 temperature 0.7, top_p 0.8, top_k 20 and a repetition penalty). ``generation_defaults`` reads
@@ -13,6 +16,9 @@ them, as vLLM's ``--generation-config auto`` does, and ``SamplingParams.with_def
 them to the fields a request did not set: a ``SamplingParams`` remembers which fields its caller
 gave (``fields_set``: in the constructor, or assigned afterwards), so that an explicit
 ``temperature=1.0`` wins over the model's 0.7 while a field left out takes it.
+
+Invariant: a ``SamplingParams`` that exists is valid on its own; what needs the model (a token id
+inside the vocabulary, a grammar that compiles) is checked when the request is added.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any
 
 import torch
 
+# OpenAI's range for a logit bias.
+_MAX_LOGIT_BIAS = 100.0
 # vLLM's convention: temperatures this small are treated as 0 (greedy), because dividing the
 # logits by them overflows float32 for no difference in the result.
 _GREEDY_TEMPERATURE = 1e-5
@@ -67,7 +75,65 @@ _RULES: dict[str, tuple[str, str, Callable[[Any], bool]]] = {
     "frequency_penalty": ("a number", "in [-2, 2]", lambda x: -2 <= x <= 2),
     "repetition_penalty": ("a number", "> 0", lambda x: x > 0),
     "include_stop_str_in_output": ("a bool", "a bool", lambda x: True),
+    "min_tokens": ("an int", ">= 0", lambda x: x >= 0),
+    "skip_special_tokens": ("a bool", "a bool", lambda x: True),
 }
+
+
+@dataclass(slots=True, frozen=True)
+class StructuredOutputsParams:
+    """What the output must match (vLLM's ``StructuredOutputsParams``): exactly one of
+
+    * ``json``: a JSON Schema (a dict, or its JSON text): the output is one JSON value it accepts;
+    * ``json_object``: True: the output is one JSON object, any object (OpenAI's JSON mode);
+    * ``regex``: the whole output matches this regular expression;
+    * ``choice``: the output is exactly one of these strings;
+    * ``grammar``: a context-free grammar in Lark syntax (llguidance's dialect, which vLLM's
+      ``guidance`` backend also takes; it may embed JSON Schemas with ``%json {...}``).
+
+    Only the shape is checked here; whether it compiles is checked when a request is added
+    (chapter 09b). The output ends when the grammar is complete (an end-of-sequence token is the
+    only token left), or at ``max_tokens``, which can cut it short: ``finish_reason`` "length".
+    """
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object is True else []
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs must give exactly one of json, json_object, regex, choice or grammar, got "
+                + (", ".join(given) if given else "none")
+            )
+        kind = given[0]
+        if self.json_object not in (True, False):
+            raise _fail("structured_outputs.json_object", "a bool", self.json_object)
+        if kind == "json" and not isinstance(self.json, (dict, str)):
+            raise _fail("structured_outputs.json", "a JSON Schema (a dict or its JSON text)", self.json)
+        if kind in ("regex", "grammar") and not (isinstance(getattr(self, kind), str) and getattr(self, kind)):
+            raise _fail(f"structured_outputs.{kind}", "a non-empty string", getattr(self, kind))
+        if kind == "choice" and not (
+            isinstance(self.choice, (list, tuple))
+            and self.choice
+            and all(isinstance(c, str) and c for c in self.choice)
+        ):
+            raise _fail("structured_outputs.choice", "a non-empty list of non-empty strings", self.choice)
+        if kind == "choice":
+            object.__setattr__(self, "choice", list(self.choice or []))
+
+    @property
+    def kind(self) -> str:
+        """Which of the five it is."""
+        return (
+            "json_object"
+            if self.json_object
+            else next(n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None)
+        )
 
 
 @dataclass(slots=True)
@@ -94,6 +160,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    skip_special_tokens: bool = True  # leave special tokens' text out of the output text
+    structured_outputs: StructuredOutputsParams | None = None  # what the output must match (chapter 09b)
     # The names the caller gave: a frozenset while the constructor runs (its own assignments are
     # not the caller's), a set afterwards, replaced by a larger one at each assignment of a field
     # (never changed in place, so that copies do not share it).
@@ -122,6 +192,11 @@ class SamplingParams:
             setattr(self, name, value)
         self.stop = self._check_stop(self.stop)
         self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
+        self.logit_bias = self._check_logit_bias(self.logit_bias)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if self.structured_outputs is not None:
+            self._check_structured_outputs()
         object.__setattr__(self, "_fields_set", set(self._fields_set))
 
     @property
@@ -139,9 +214,23 @@ class SamplingParams:
         applied = {name: value for name, value in defaults.items() if name not in self._fields_set}
         if all(getattr(self, name) == value for name, value in applied.items()):
             return self
-        merged = SamplingParams(**{name: getattr(self, name) for name in _FIELD_NAMES} | applied)
+        try:
+            merged = SamplingParams(**{name: getattr(self, name) for name in _FIELD_NAMES} | applied)
+        except ValueError as exc:
+            # e.g. a request's min_tokens above the model's max_new_tokens: say where the clash came from.
+            raise ValueError(f"{exc} (with the defaults {applied} for the fields the request left unset)") from None
         object.__setattr__(merged, "_fields_set", set(self._fields_set))
         return merged
+
+    def _check_structured_outputs(self) -> None:
+        if not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise _fail("structured_outputs", "a StructuredOutputsParams", self.structured_outputs)
+        # The grammar decides where the output ends: when it is complete, an EOS is the only token
+        # it allows. Both of these would forbid that EOS, leaving no token at all.
+        if self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured_outputs: the grammar ends the output")
+        if self.min_tokens:
+            raise ValueError("min_tokens cannot be combined with structured_outputs: the grammar ends the output")
 
     @staticmethod
     def _check_stop(stop: object) -> list[str]:
@@ -166,6 +255,22 @@ class SamplingParams:
             return [int(i) for i in ids]
         raise _fail("stop_token_ids", "a list of ints >= 0", ids)
 
+    @staticmethod
+    def _check_logit_bias(bias: object) -> dict[int, float] | None:
+        if bias is None or bias == {}:
+            return None
+        if not isinstance(bias, dict):
+            raise _fail("logit_bias", "a dict of token id -> bias", bias)
+        checked = {}
+        for token, value in bias.items():
+            if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
+                raise _fail("logit_bias", "keyed by token ids >= 0", token)
+            value = _as("a number", f"logit_bias[{token}]", value)
+            if not -_MAX_LOGIT_BIAS <= value <= _MAX_LOGIT_BIAS:
+                raise _fail(f"logit_bias[{token}]", f"in [-{_MAX_LOGIT_BIAS:g}, {_MAX_LOGIT_BIAS:g}]", value)
+            checked[int(token)] = value
+        return checked
+
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_TEMPERATURE
@@ -173,6 +278,12 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def changes_logits(self) -> bool:
+        """The sampler changes this request's logits before anything else: a bias, stops forbidden
+        below ``min_tokens``, or a grammar's mask (chapter 09b)."""
+        return bool(self.logit_bias) or self.min_tokens > 0 or self.structured_outputs is not None
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(SamplingParams) if f.init)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,6 +48,9 @@ class Sequence:
     # Speculative decoding (chapter 10): computed tokens whose K/V the draft model's cache lacks
     # (0, or 1 after a step that kept every guess). Set by the speculative decoder alone.
     draft_lag: int = 0
+    # Constrained decoding (chapter 09b): the grammar's state, made and advanced by it alone from
+    # ``output_token_ids`` (so a preempted sequence, whose tokens are kept, needs nothing rebuilt).
+    grammar_state: Any = None
     was_admitted: bool = False  # has run at least once (prefix-cache statistics count the first time)
     block_table: BlockTable = field(default_factory=BlockTable)
     status: SequenceStatus = SequenceStatus.WAITING

@@ -47,7 +47,7 @@ Python): ``k`` host syncs a step, on top of the target's one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -59,7 +59,14 @@ from mini_infer.device import to_device
 from mini_infer.engine import Proposal
 from mini_infer.greedy import SampledTokens, argmax_rows
 from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
-from mini_infer.sampling import Sampler, SamplerOutput, exponential_race, per_sequence, probs_from_logits
+from mini_infer.sampling import (
+    Sampler,
+    SamplerOutput,
+    TokenMask,
+    exponential_race,
+    per_sequence,
+    probs_from_logits,
+)
 from mini_infer.scheduler import SchedulerOutput
 from mini_infer.sequence import Sequence as Seq
 from mini_infer.tokenizer import Tokenizer
@@ -112,9 +119,16 @@ class SpeculativeDecoder(Sampler):
     """The draft model inside the engine's step, and the sampler that verifies it (see above)."""
 
     def __init__(
-        self, draft_runner: ModelRunner, num_speculative_tokens: int, vocab_size: int, seed: int | None = None
+        self,
+        draft_runner: ModelRunner,
+        num_speculative_tokens: int,
+        vocab_size: int,
+        seed: int | None = None,
+        *,
+        eos_token_ids: Iterable[int] = (),
+        mask: TokenMask | None = None,
     ) -> None:
-        super().__init__(seed)
+        super().__init__(seed, eos_token_ids=eos_token_ids, mask=mask)
         self.runner = draft_runner
         self.num_speculative_tokens = num_speculative_tokens
         # The target's vocabulary size. Checkpoints of one tokenizer may pad it differently
@@ -228,6 +242,7 @@ class SpeculativeDecoder(Sampler):
     ) -> SamplerOutput:
         """Rejection sampling over every logit row; rows without a guess draw from ``p``."""
         params, generators, prompts, outputs = self.row_arguments(batch, seqs)
+        logits = self.restrict(logits, batch, seqs)  # a grammar's mask at every row: guesses it forbids are rejected
         logits = self.penalise(logits.to(torch.float32), params, prompts, outputs)
         probs = probs_from_logits(logits, params)
         device = logits.device

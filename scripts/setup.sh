@@ -20,11 +20,21 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "setup: installing $TORCH_SPEC"
   "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
 fi
-# Reinstall only when the package metadata or the extras changed.
+# The documentation toolchain is pinned by .ci/docs-constraints.txt (the book builds with
+# warnings as errors). Install only when the package metadata or the pins changed or an extra is
+# missing, and keep the extras installed before: after the tests' set-up (dev,book,server),
+# scripts/run.sh (server) installs nothing again. pip's chatter goes to a log, shown only when the install fails.
 stamp="$VENV/.mini-infer-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) $EXTRAS"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "setup: installing mini-infer[$EXTRAS]"
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
-  echo "$want" > "$stamp"
+hash=$(cat pyproject.toml .ci/docs-constraints.txt | sha256sum | cut -d' ' -f1)
+had_hash="" had_extras=""  # a fresh venv has no stamp
+{ read -r had_hash had_extras <"$stamp"; } 2>/dev/null || true
+extras=$(printf '%s\n' ${EXTRAS//,/ } ${had_extras//,/ } | sort -u | paste -sd, -)
+if [ "$had_hash" != "$hash" ] || [ "$extras" != "$had_extras" ]; then
+  echo "setup: installing mini-infer[$extras]"
+  log=$(mktemp)
+  if ! "$VENV/bin/python" -m pip install -q -c .ci/docs-constraints.txt -e ".[$extras]" >"$log" 2>&1; then
+    cat "$log"
+    exit 1
+  fi
+  echo "$hash $extras" >"$stamp"
 fi

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from mini_infer import LLM, SamplingParams
+from mini_infer import LLM, SamplingParams, StructuredOutputsParams
 from mini_infer.config import ModelConfig
 from mini_infer.engine import LLMEngine
 from mini_infer.greedy import GreedySampler
@@ -229,6 +229,9 @@ def test_the_greedy_sampler_refuses_what_only_chapter_09_can_do(tiny_model_dir):
         SamplingParams(temperature=0.7),
         SamplingParams(temperature=0.0, logprobs=2),
         SamplingParams(temperature=0.0, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, min_tokens=2),
+        SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
+        SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="a")),
     ):
         with pytest.raises(ValueError, match="greedily only"):
             engine.add_request([1, 2, 3], params)

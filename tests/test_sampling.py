@@ -657,3 +657,84 @@ def test_extreme_but_valid_values_do_not_break_the_sampler():
     out = Sampler()(logits, params, [None, None])
     assert out.token_ids[0].item() == logits[0].argmax().item()  # the nucleus is the top token alone
     assert 0 <= out.token_ids[1].item() < 50
+
+
+# ---------------------------------------------------------------------------------------------
+# What a request does to its logits first: logit_bias, min_tokens (Sampler.restrict)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llm():
+    from mini_infer import LLM
+
+    return LLM("tiny", dtype="float32", num_kv_blocks=64, show_progress=False)
+
+
+def _chat(llm, question: str) -> list[int]:
+    return llm.engine.tokenizer.encode(
+        llm.engine.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+    )
+
+
+def test_logit_bias_moves_the_greedy_choice(tiny_llm):
+    prompt = _chat(tiny_llm, "What is 34 + 57?")
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    plain = tiny_llm.generate([prompt], greedy, use_tqdm=False)[0].token_ids
+    forced = SamplingParams(max_tokens=6, temperature=0, logit_bias={300: 100})
+    assert tiny_llm.generate([prompt], forced, use_tqdm=False)[0].token_ids == [300] * 6
+    banned = SamplingParams(max_tokens=6, temperature=0, logit_bias={plain[0]: -100})
+    assert tiny_llm.generate([prompt], banned, use_tqdm=False)[0].token_ids[0] != plain[0]
+    with pytest.raises(ValueError, match=r"logit_bias token id 704 is outside the vocabulary \[0, 704\)"):
+        tiny_llm.engine.add_request(prompt, SamplingParams(logit_bias={704: 1.0}))
+
+
+@pytest.mark.parametrize(
+    ("bias", "match"),
+    [
+        ({-1: 1.0}, "logit_bias must be keyed by token ids >= 0"),
+        ({5: 101}, r"logit_bias\[5\] must be in \[-100, 100\]"),
+    ],
+)
+def test_logit_bias_is_checked(bias, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(logit_bias=bias)
+
+
+def test_min_tokens_holds_back_every_stop(tiny_llm):
+    prompt = _chat(tiny_llm, "What is 34 + 57?")
+    short = tiny_llm.generate([prompt], SamplingParams(max_tokens=40, temperature=0), use_tqdm=False)[0]
+    assert short.finish_reason == "stop" and len(short.token_ids) < 20  # ends early on its own
+    eos = tiny_llm.engine.outputs.eos_token_ids
+    longer = SamplingParams(max_tokens=40, temperature=0, min_tokens=20, stop=["="])
+    out = tiny_llm.generate([prompt], longer, use_tqdm=False)[0]
+    assert len(out.token_ids) >= 20 and not eos & set(out.token_ids[:20])
+    assert "=" in tiny_llm.engine.tokenizer.decode(out.token_ids[:20])  # a stop string too waits for min_tokens
+    with pytest.raises(ValueError, match=r"min_tokens must be <= max_tokens \(4\), got 5"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
+def test_restrict_forbids_stops_on_rows_before_min_tokens():
+    """With guesses, row j predicts output token num_output_tokens + j: only rows before
+    min_tokens forbid the stops."""
+    from types import SimpleNamespace
+
+    sampler = Sampler(eos_token_ids=[2])
+    params = SamplingParams(min_tokens=3, stop_token_ids=[4])
+    seq = SimpleNamespace(params=params, num_output_tokens=1)
+    batch = SimpleNamespace(rows_of=[range(0, 4)])
+    logits = sampler.restrict(torch.zeros(4, 8), batch, [seq])
+    forbidden = [(row == -math.inf).nonzero().flatten().tolist() for row in logits]
+    assert forbidden == [[2, 4], [2, 4], [], []]
+    untouched = torch.zeros(4, 8, dtype=torch.bfloat16)
+    assert sampler.restrict(untouched, batch, [SimpleNamespace(params=SamplingParams())]) is untouched
+
+
+def test_skip_special_tokens(tiny_llm):
+    prompt = _chat(tiny_llm, "What is 34 + 57?")
+    start = tiny_llm.engine.tokenizer.hf.convert_tokens_to_ids("<|im_start|>")
+    params = {"max_tokens": 2, "temperature": 0, "logit_bias": {start: 100}}
+    skipped = tiny_llm.generate([prompt], SamplingParams(**params), use_tqdm=False)[0]
+    kept = tiny_llm.generate([prompt], SamplingParams(**params, skip_special_tokens=False), use_tqdm=False)[0]
+    assert skipped.token_ids == kept.token_ids == [start, start]
+    assert skipped.text == "" and kept.text == "<|im_start|><|im_start|>"

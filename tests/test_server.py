@@ -207,9 +207,9 @@ def test_text_response_format_is_the_default(client: openai.OpenAI) -> None:
         model=MODEL, messages=MESSAGES[0], max_tokens=2, response_format={"type": "text"}
     )
     assert got.choices[0].message.content is not None
-    with pytest.raises(openai.BadRequestError, match="constrained decoding"):
+    with pytest.raises(openai.BadRequestError, match="json_schema is required"):
         client.chat.completions.create(
-            model=MODEL, messages=MESSAGES[0], max_tokens=2, response_format={"type": "json_object"}
+            model=MODEL, messages=MESSAGES[0], max_tokens=2, response_format={"type": "json_schema"}
         )
 
 

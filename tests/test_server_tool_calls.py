@@ -143,8 +143,8 @@ def test_streamed_arguments_arrive_before_the_block_closes() -> None:
 class ScriptedSampler(Sampler):
     """The engine's sampler, but a request whose seed is in SCRIPTS gets its script's tokens."""
 
-    def __init__(self, scripts: dict[int, list[int]], eos: int) -> None:
-        super().__init__(seed=0)
+    def __init__(self, scripts: dict[int, list[int]], eos: int, mask: Any) -> None:
+        super().__init__(seed=0, eos_token_ids=[eos], mask=mask)  # forced calls keep their grammar
         self.scripts, self.eos = scripts, eos
         self.position: dict[int, int] = {}
 
@@ -170,7 +170,7 @@ def server(tiny_model_dir: Path) -> Iterator[BackgroundServer]:
         tokenizer: Tokenizer = engine.tokenizer
         eos = tokenizer.hf.convert_tokens_to_ids("<|im_end|>")
         scripts = {seed: tokenizer.encode(text) + [eos] for seed, text in SCRIPTS.items()}
-        engine.sampler = ScriptedSampler(scripts, eos)
+        engine.sampler = ScriptedSampler(scripts, eos, engine.sampler.mask)  # type: ignore[attr-defined]
         return engine
 
     config = ServerConfig(model=str(tiny_model_dir), served_model_name=MODEL, show_progress=False)
@@ -297,9 +297,17 @@ def test_tool_history_round_trip(server: BackgroundServer, client: openai.OpenAI
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tool_choice": "required"}, "tool_choice"),  # several tools: would need constrained decoding
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, None),
+        # strict under "auto": only a forced call is constrained
         ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools.0.function.strict"),
+        (
+            {
+                "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}],
+            },
+            "tools",
+        ),
+        ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools.0.function.name"),
         ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
         ({"parallel_tool_calls": False}, "parallel_tool_calls"),

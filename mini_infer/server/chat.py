@@ -12,13 +12,19 @@ The path of a chat request:
    aborting everything if the client goes away.
 
 ``tool_choice``: ``"none"`` leaves the tools out of the prompt and returns text; ``"auto"`` (the
-default with tools) lists them and parses any ``<tool_call>`` the model writes; a named function
-(or ``"required"`` with a single tool) forces that call as described above. ``"required"``
-among several tools would need constrained decoding, so it is refused with a 400.
+default with tools) lists them and parses any ``<tool_call>`` the model writes, arguments as the
+model wrote them (a tool marked ``strict`` is refused there: only a forced call is constrained);
+a named function, or ``"required"``, forces one call: the prompt ends with its start (with the
+name, when there is only one to choose), and constrained decoding (chapter 09b) keeps the rest to
+``tool_calls.call_grammar``, so that the arguments always follow the function's JSON Schema.
+``response_format`` ``json_object`` or ``json_schema`` constrains the answer to JSON the same
+way; it cannot be combined with a forced call. A schema or grammar that does not compile is a
+400 naming the problem.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator
@@ -28,10 +34,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mini_infer.sampling_params import StructuredOutputsParams
 from mini_infer.server.async_engine import Choice, RequestStream
 from mini_infer.server.protocol import (
     ChatCompletionRequest,
     NamedToolChoice,
+    Tool,
     bad_request,
     chat_completion,
     parse_request,
@@ -39,8 +47,14 @@ from mini_infer.server.protocol import (
     tool_call_body,
     usage,
 )
-from mini_infer.server.serving import Call, ServerState, TokenTexts, check_token_ids, merge_batch, resolve_max_tokens
-from mini_infer.server.tool_calls import TOOL_CALL_START, ParserDelta, ToolCallParser
+from mini_infer.server.serving import (
+    Call,
+    ServerState,
+    TokenTexts,
+    merge_batch,
+    resolve_max_tokens,
+)
+from mini_infer.server.tool_calls import TOOL_CALL_END, ParserDelta, ToolCallParser, call_grammar, call_start
 from mini_infer.tokenizer import Tokenizer
 
 logger = logging.getLogger("mini_infer.server")
@@ -53,23 +67,38 @@ class _Prompt:
     forced: str  # text written into the prompt for the model to continue ("" when none)
 
 
-def _forced_call(req: ChatCompletionRequest) -> str:
-    choice = req.tool_choice
+def _forced_call(
+    req: ChatCompletionRequest, tokenizer: Tokenizer
+) -> tuple[str, StructuredOutputsParams | None, list[tuple[StructuredOutputsParams, str]]]:
+    """For a forced call: the start of the call written into the prompt, the grammar of the rest,
+    and the parts to check (each function's schema on its own, so that an error names it)."""
+    choice, tools = req.tool_choice, req.tools or []
     if isinstance(choice, NamedToolChoice):
-        name = choice.function.name
+        functions = [t.function for t in tools if t.function.name == choice.function.name]
     elif choice == "required":
-        assert req.tools
-        if len(req.tools) > 1:
-            raise bad_request(
-                "tool_choice 'required' with several tools needs constrained decoding, which mini-infer does not "
-                "implement; name the function to call, or use 'auto'",
-                param="tool_choice",
-            )
-        name = req.tools[0].function.name
+        functions = [t.function for t in tools]
     else:
-        return ""
-    # Names match [A-Za-z0-9_-]+ (validated), so they need no JSON escaping here.
-    return f'{TOOL_CALL_START}\n{{"name": "{name}", "arguments": '
+        for i, tool in enumerate(tools):
+            if tool.function.strict and choice != "none":
+                raise bad_request(
+                    "strict function calling is supported for a forced call only: tool_choice 'required' or a "
+                    "named function; under 'auto' the model's arguments are returned as written",
+                    param=f"tools.{i}.function.strict",
+                )
+        return "", None, []
+    end = tokenizer.encode(TOOL_CALL_END)
+    end_tag = f"<[{end[0]}]>" if len(end) == 1 else json.dumps(TOOL_CALL_END)
+    name_given = len(functions) == 1
+    grammar = call_grammar([(f.name, f.parameters_schema()) for f in functions], name_given=name_given, end_tag=end_tag)
+    parts = [
+        (StructuredOutputsParams(json=f.parameters_schema()), f"tools.{_index(tools, f.name)}.function.parameters")
+        for f in functions
+    ]
+    return call_start(functions[0].name if name_given else None), StructuredOutputsParams(grammar=grammar), parts
+
+
+def _index(tools: list[Tool], name: str) -> int:
+    return next(i for i, t in enumerate(tools) if t.function.name == name)
 
 
 def _render(tokenizer: Tokenizer, req: ChatCompletionRequest, forced: str) -> list[int]:
@@ -87,15 +116,27 @@ async def create_chat_completion(state: ServerState, request: Request, body: dic
     req = parse_request(ChatCompletionRequest, body)
     state.check_model(req.model)
     info, tokenizer = state.ready()
-    forced = _forced_call(req)
+    forced, constraint, parts = _forced_call(req, tokenizer)
+    asked, param = req.output_constraint()
+    if asked is not None:
+        if constraint is not None:
+            raise bad_request(
+                f"{param} and a forced tool call (tool_choice) both constrain the output: give one of them", param=param
+            )
+        constraint = asked
+        parts = [(asked, "response_format.json_schema.schema" if param == "response_format" else param)]
+    elif constraint is not None:
+        parts.append((constraint, "tools"))  # the whole call: the functions' names and schemas together
+    await state.check_request(req, info, parts)
     token_ids = await state.in_tokenizer_thread(_render, tokenizer, req, forced)
     prompt = _Prompt(token_ids, parse_tools=bool(req.tools) and req.tool_choice != "none", forced=forced)
     default = info.sampling_defaults.get("max_tokens")  # the model's max_new_tokens, else the room left
     max_tokens = resolve_max_tokens(info, len(token_ids), req.requested_max_tokens, default, prompt_param="messages")
-    if req.stop_token_ids:
-        check_token_ids(req.stop_token_ids, info, "stop_token_ids")
     try:
-        params = [req.sampling_params(max_tokens, req.num_logprobs, i, info.vocab_size) for i in range(req.num_choices)]
+        params = [
+            req.sampling_params(max_tokens, req.num_logprobs, i, info.vocab_size, constraint)
+            for i in range(req.num_choices)
+        ]
     except ValueError as exc:
         raise sampling_error(exc) from None
     choices = [Choice(token_ids, p, fork_of=None if i == 0 else 0) for i, p in enumerate(params)]
@@ -166,7 +207,7 @@ class _ChatCall(Call):
                     "finish_reason": self._finish_reason(index, out.finish_reason),
                 }
             )
-        return chat_completion(self.response_id, self.created, self.state.model_name, choices, self._usage())
+        return chat_completion(self.head, choices, self._usage())
 
     # ----------------------------------------------------------------- streaming
     def _chunk(self, choices: list[dict[str, Any]]) -> str:

@@ -4,7 +4,9 @@ A prompt is a string, a list of strings, a list of token ids, or a list of token
 Each prompt gets ``n`` choices, numbered ``prompt_index * n + i`` as OpenAI numbers them; all
 of them go to the engine as one submission (forks share their prompt's blocks). ``max_tokens``
 defaults to 16, as in OpenAI's completions API (chat defaults to the rest of the context).
-``echo``, ``suffix`` and ``best_of`` other than ``n`` are refused.
+``echo`` puts the prompt's text before each choice's text (in the first chunk when streaming);
+``response_format`` and ``structured_outputs`` constrain the text (chapter 09b). ``suffix``,
+``best_of`` other than ``n`` and ``echo`` with ``logprobs`` are refused.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from mini_infer.server.protocol import (
     sampling_error,
     usage,
 )
-from mini_infer.server.serving import Call, ServerState, TokenTexts, check_token_ids, merge_batch, resolve_max_tokens
+from mini_infer.server.serving import (
+    Call,
+    ServerState,
+    TokenTexts,
+    check_token_ids,
+    merge_batch,
+    resolve_max_tokens,
+)
 from mini_infer.tokenizer import Tokenizer
 
 OPENAI_COMPLETIONS_MAX_TOKENS = 16
@@ -47,26 +56,30 @@ async def create_completion(state: ServerState, request: Request, body: dict[str
         raise bad_request(
             f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices in one request", param="n"
         )
+    constraint, param = req.output_constraint()
+    await state.check_request(req, info, [] if constraint is None else [(constraint, param)])
     prompt_ids = await state.in_tokenizer_thread(_tokenize, tokenizer, prompts)
-    if req.stop_token_ids:
-        check_token_ids(req.stop_token_ids, info, "stop_token_ids")
     choices: list[Choice] = []
     for ids in prompt_ids:
         check_token_ids(ids, info, "prompt")
         default = info.sampling_defaults.get("max_tokens", OPENAI_COMPLETIONS_MAX_TOKENS)  # the model's, else OpenAI's
-        max_tokens = resolve_max_tokens(info, len(ids), req.max_tokens, default, prompt_param="prompt")
+        max_tokens = resolve_max_tokens(info, len(ids), req.requested_max_tokens, default, prompt_param="prompt")
         first = len(choices)
         for i in range(n):
             try:
-                params = req.sampling_params(max_tokens, req.logprobs, i, info.vocab_size)
+                params = req.sampling_params(max_tokens, req.logprobs, i, info.vocab_size, constraint)
             except ValueError as exc:
                 raise sampling_error(exc) from None
             choices.append(Choice(ids, params, fork_of=None if i == 0 else first))
     texts = state.token_texts if req.logprobs is not None else None
+    echoes = None
+    if req.echo:  # the prompt as given, or as its tokens read (special tokens included)
+        decoded = await state.in_tokenizer_thread(lambda: [tokenizer.decode(ids, False) for ids in prompt_ids])
+        echoes = [p if isinstance(p, str) else text for p, text in zip(prompts, decoded)]
     response_id = f"cmpl-{uuid.uuid4().hex}"
     # From here on every way out must abort the stream (see chat.py).
     stream = await state.submit(choices, response_id)
-    call = _CompletionCall(state, req, stream, prompt_ids, n, response_id, texts)
+    call = _CompletionCall(state, req, stream, prompt_ids, n, response_id, texts, echoes)
     return await call.respond(request, bool(req.stream))
 
 
@@ -80,11 +93,14 @@ class _CompletionCall(Call):
         n: int,
         response_id: str,
         texts: TokenTexts | None,
+        echoes: list[str] | None = None,
     ) -> None:
         super().__init__(state, stream, response_id, "text_completion", req.include_usage)
         self.prompt_tokens = sum(len(ids) for ids in prompt_ids)
         size = len(stream.request_ids)
         self.n = n
+        # Each choice's echo, sent once before its text (choice i belongs to prompt i // n).
+        self.echoes = [echoes[i // n] if echoes else "" for i in range(size)]
         self.logprobs_sent = [0] * size
         self.text_offsets = [0] * size
         self.texts = texts
@@ -104,12 +120,20 @@ class _CompletionCall(Call):
 
     def response(self) -> dict[str, Any]:
         choices = [
-            {"index": i, "text": out.text, "logprobs": self._logprobs(i, out), "finish_reason": out.finish_reason}
+            {
+                "index": i,
+                "text": self.echoes[i] + out.text,
+                "logprobs": self._logprobs(i, out),
+                "finish_reason": out.finish_reason,
+            }
             for i, out in enumerate(self.finals)
         ]
-        return completion(self.response_id, self.created, self.state.model_name, choices, self._usage())
+        return completion(self.head, choices, self._usage())
 
     async def _choice_chunks(self) -> AsyncGenerator[str, None]:
+        for index, echo in enumerate(self.echoes):
+            if echo:
+                yield self.encoder.chunk([{"index": index, "text": echo, "logprobs": None, "finish_reason": None}])
         while not self.stream.finished:
             for index, m in merge_batch(await self.stream.next_batch()):
                 out = m.out

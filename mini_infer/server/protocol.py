@@ -1,10 +1,25 @@
 """The OpenAI wire format: request models, errors and response shapes (chapter 11).
 
 Requests are pydantic models in strict mode with ``extra="forbid"``: a field of the wrong type
-(``"max_tokens": "16"``) or a field we do not know (``logit_bias``, ``response_format`` with a
-schema, ``suffix``...) is refused with a 400 that names it. Nothing is accepted and ignored:
-a client that asks for a feature mini-infer lacks learns so at once, instead of getting an
-answer that silently does not do what it asked.
+(``"max_tokens": "16"``) or a field we do not know is refused with a 400 that names it. Nothing
+is accepted and ignored: a client that asks for a feature mini-infer lacks learns so at once,
+instead of getting an answer that silently does not do what it asked.
+
+Accepted beyond OpenAI's core fields (vLLM's extensions, which SGLang's and vLLM's benchmark
+clients send): ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
+``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output`` and
+``structured_outputs`` (``{"json": schema}``, ``{"regex": ...}``, ``{"choice": [...]}``,
+``{"grammar": lark}`` or ``{"json_object": true}``: constrained decoding, chapter 09b). Also:
+``logit_bias``, ``max_completion_tokens`` and ``response_format`` (``text``, ``json_object``,
+``json_schema``) on both endpoints, ``echo`` on completions; every response and chunk carries a
+``system_fingerprint``.
+
+Refused with a 400 (``UNSUPPORTED_FIELDS`` and the validators below say why): the legacy
+``functions``/``function_call``, ``audio``, ``modalities``, ``prediction``, ``store``,
+``metadata``, ``service_tier``, ``reasoning_effort``, ``web_search_options``, ``suffix``,
+``best_of`` other than ``n``, ``parallel_tool_calls: false``, ``echo`` with ``logprobs`` (prompt
+logprobs are not computed), a tool with ``strict: true`` under ``tool_choice`` "auto" (only a
+forced call is constrained), and a grammar that does not compile (the message names the problem).
 
 Responses are built as plain dicts (one JSON encode per chunk; pydantic would add a second
 object per token on the hot path), in exactly the shapes the OpenAI API returns, so that the
@@ -23,9 +38,10 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mini_infer.sampling_params import SamplingParams
+from mini_infer.sampling_params import SamplingParams, StructuredOutputsParams
+from mini_infer.server.response_format import ResponseFormat, StructuredOutputsField
 
 MAX_LOGPROBS = 20
 MAX_CHOICES = 128  # prompts x n in one call: a bound, so one call cannot queue unbounded work
@@ -71,7 +87,6 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 # Fields of OpenAI's API that mini-infer does not implement, and why; a null value is allowed
 # (it asks for nothing). Everything else unknown is refused with a generic message.
 UNSUPPORTED_FIELDS = {
-    "logit_bias": "logit_bias is not supported",
     "functions": "the legacy 'functions' parameter is not supported: use 'tools'",
     "function_call": "the legacy 'function_call' parameter is not supported: use 'tool_choice'",
     "audio": "audio output is not supported",
@@ -100,26 +115,18 @@ class _DropNullUnsupported(_Strict):
         return data
 
 
-def _refuse_true(reason: str) -> AfterValidator:
-    """A flag for a feature mini-infer lacks: true is refused with ``reason``; false and null ask for nothing."""
-
-    def refuse(value: bool | None) -> bool | None:
-        if value:
-            raise ValueError(reason)
-        return value
-
-    return AfterValidator(refuse)
-
-
 class FunctionDefinition(_Strict):
     # OpenAI's rule for names; it also lets a forced call be written into the prompt safely.
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: Annotated[
-        bool | None,
-        _refuse_true("strict function calling needs constrained decoding, which mini-infer does not implement"),
-    ] = None
+    # A forced call's arguments (tool_choice "required" or named) always follow ``parameters``;
+    # under "auto" a strict tool is refused (see chat.py).
+    strict: bool | None = None
+
+    def parameters_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the arguments; a function without ``parameters`` takes none."""
+        return self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
 
 
 class Tool(_Strict):
@@ -206,20 +213,6 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-class ResponseFormat(_Strict):
-    model_config = ConfigDict(strict=True, extra="allow")  # refused below, with a better message
-    type: str
-
-    @model_validator(mode="after")
-    def _text_only(self) -> ResponseFormat:
-        if self.type != "text" or self.model_extra:
-            raise ValueError(
-                'only {"type": "text"} is supported: json_object and json_schema need constrained decoding, '
-                "which mini-infer does not implement"
-            )
-        return self
-
-
 Stop = str | Annotated[list[str], Field(max_length=16)]
 
 
@@ -243,6 +236,13 @@ class _SamplingFields(_DropNullUnsupported):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None  # an end-user id for abuse tracking; logged, does not change the output
+    max_completion_tokens: int | None = Field(None, ge=1)
+    min_tokens: int | None = Field(None, ge=0)
+    logit_bias: dict[str, float] | None = None  # OpenAI's shape: token ids as strings
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
     @field_validator("top_k")
     @classmethod
@@ -265,11 +265,49 @@ class _SamplingFields(_DropNullUnsupported):
             raise ValueError("token ids are >= 0")
         return ids
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids written as strings, got {token!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"biases are in [-100, 100], got {value} for token {token}")
+        return bias
+
     @model_validator(mode="after")
     def _check_common(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise ValueError("max_tokens and max_completion_tokens differ: give one of them")
+        if (
+            self.structured_outputs is not None
+            and self.response_format is not None
+            and self.response_format.type != "text"
+        ):
+            raise ValueError("structured_outputs and response_format both constrain the output: give one of them")
         return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def output_constraint(self) -> tuple[StructuredOutputsParams | None, str]:
+        """What the output must match, from ``response_format`` or ``structured_outputs``, and
+        the field that asked (for a 400 naming it)."""
+        if self.structured_outputs is not None:
+            try:
+                return self.structured_outputs.params(), "structured_outputs"
+            except ValueError as exc:
+                raise bad_request(str(exc), param="structured_outputs") from None
+        if self.response_format is not None:
+            return self.response_format.structured_outputs(), "response_format"
+        return None, ""
 
     @property
     def num_choices(self) -> int:
@@ -279,7 +317,14 @@ class _SamplingFields(_DropNullUnsupported):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, choice: int, vocab_size: int) -> SamplingParams:
+    def sampling_params(
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        choice: int,
+        vocab_size: int,
+        structured_outputs: StructuredOutputsParams | None = None,
+    ) -> SamplingParams:
         """The engine's parameters for one choice; each choice of a seeded request gets its own seed.
         Only the fields the request sets are given: the engine fills the others with the model's
         defaults (its generation config), then vLLM's, as vLLM's server does."""
@@ -293,10 +338,15 @@ class _SamplingFields(_DropNullUnsupported):
             # raising it to 1/V changes nothing, and keeps it from rounding to 0 in float32 (where
             # the sampler's nucleus would be empty).
             given["top_p"] = max(self.top_p, 1.0 / vocab_size)
+        if self.logit_bias:
+            given["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
+        if structured_outputs is not None:
+            given["structured_outputs"] = structured_outputs
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **given)
 
 
-# The request fields that are SamplingParams fields of the same name (seed and top_p are adjusted).
+# The request fields that are SamplingParams fields of the same name (seed, top_p and logit_bias
+# are adjusted above; max_tokens and logprobs are resolved by the endpoint).
 _SAMPLING_FIELDS = (
     "temperature",
     "top_k",
@@ -307,6 +357,9 @@ _SAMPLING_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "min_tokens",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
 )
 
 
@@ -315,33 +368,21 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-
-    @field_validator("parallel_tool_calls")
-    @classmethod
-    def _parallel_only(cls, parallel: bool | None) -> bool | None:
-        if parallel is False:
-            raise ValueError(
-                "false is not supported: the model may write several calls, and nothing stops it after one"
-            )
-        return parallel
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
+        if self.parallel_tool_calls is False and not self.forces_a_call:
+            raise ValueError(
+                "parallel_tool_calls false is supported with a forced call only (tool_choice 'required' or a "
+                "named function, which makes exactly one call): under 'auto' nothing stops the model after one"
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs to be true")
-        if (
-            self.max_tokens is not None
-            and self.max_completion_tokens is not None
-            and self.max_tokens != self.max_completion_tokens
-        ):
-            raise ValueError("max_tokens and max_completion_tokens differ: give one of them")
         if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
             raise ValueError("tool_choice needs tools")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tools:
@@ -351,8 +392,9 @@ class ChatCompletionRequest(_SamplingFields):
         return self
 
     @property
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    def forces_a_call(self) -> bool:
+        """tool_choice "required" or a named function: exactly one call, constrained (chat.py)."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
 
     @property
     def num_logprobs(self) -> int | None:
@@ -365,13 +407,17 @@ PromptInput = str | list[str] | list[int] | list[list[int]]
 class CompletionRequest(_SamplingFields):
     prompt: PromptInput
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: Annotated[bool | None, _refuse_true("echo (the prompt repeated in the answer) is not supported")] = None
+    echo: bool | None = None  # the prompt's text first, then the completion
     best_of: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.num_choices:
             raise ValueError("best_of other than n is not supported (it would rank choices by logprob)")
+        if self.echo and self.logprobs is not None:
+            raise ValueError(
+                "echo with logprobs is not supported: it needs the prompt's logprobs, which are not computed"
+            )
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -494,16 +540,14 @@ def tool_call_body(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 
 
 def chat_completion(
-    response_id: str, created: int, model: str, choices: Sequence[dict[str, Any]], usage_body: dict[str, Any]
+    head: dict[str, Any], choices: Sequence[dict[str, Any]], usage_body: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": list(choices),
-        "usage": usage_body,
-    }
+    return {**head, "object": "chat.completion", "choices": list(choices), "usage": usage_body}
+
+
+def response_head(response_id: str, created: int, model: str, system_fingerprint: str) -> dict[str, Any]:
+    """What every response and chunk of one call repeats (``object`` goes after ``id``)."""
+    return {"id": response_id, "created": created, "model": model, "system_fingerprint": system_fingerprint}
 
 
 class ChunkEncoder:
@@ -515,9 +559,9 @@ class ChunkEncoder:
     no choices, as OpenAI sends them.
     """
 
-    def __init__(self, response_id: str, object: str, created: int, model: str, *, include_usage: bool) -> None:
-        head = dumps({"id": response_id, "object": object, "created": created, "model": model})
-        self._head = "data: " + head[:-1] + ',"choices":'
+    def __init__(self, head: dict[str, Any], object: str, *, include_usage: bool) -> None:
+        encoded = dumps({"id": head["id"], "object": object, **head})
+        self._head = "data: " + encoded[:-1] + ',"choices":'
         self._tail = ',"usage":null}\n\n' if include_usage else "}\n\n"
 
     def chunk(self, choices: list[dict[str, Any]]) -> str:
@@ -528,15 +572,9 @@ class ChunkEncoder:
 
 
 def completion(
-    response_id: str, created: int, model: str, choices: Sequence[dict[str, Any]], usage_body: dict[str, Any] | None
+    head: dict[str, Any], choices: Sequence[dict[str, Any]], usage_body: dict[str, Any] | None
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": response_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": list(choices),
-    }
+    body: dict[str, Any] = {"id": head["id"], "object": "text_completion", **head, "choices": list(choices)}
     if usage_body is not None:
         body["usage"] = usage_body
     return body

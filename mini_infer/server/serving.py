@@ -12,6 +12,8 @@ checks again (``RequestTooLongError``); its refusal also becomes a 400.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,9 +25,11 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
+import mini_infer
 from mini_infer.engine import LLMEngine
 from mini_infer.engine_builder import EngineConfig, build_engine
 from mini_infer.outputs import RequestOutput, TokenLogprob
+from mini_infer.sampling_params import StructuredOutputsParams
 from mini_infer.server import DEFAULT_MAX_BODY_BYTES
 from mini_infer.server.async_engine import (
     AsyncEngine,
@@ -37,7 +41,16 @@ from mini_infer.server.async_engine import (
 )
 from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
 from mini_infer.server.metrics import ServerMetrics
-from mini_infer.server.protocol import SSE_DONE, APIError, ChunkEncoder, bad_request, safe_logprob, sse
+from mini_infer.server.protocol import (
+    SSE_DONE,
+    APIError,
+    ChunkEncoder,
+    bad_request,
+    response_head,
+    safe_logprob,
+    sse,
+)
+from mini_infer.structured_output import check_grammar
 from mini_infer.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -79,9 +92,8 @@ class Call:
         self.response_id = response_id
         self.created = int(time.time())
         self.include_usage = include_usage
-        self.encoder = ChunkEncoder(
-            response_id, chunk_object, self.created, state.model_name, include_usage=include_usage
-        )
+        self.head = response_head(response_id, self.created, state.model_name, state.system_fingerprint)
+        self.encoder = ChunkEncoder(self.head, chunk_object, include_usage=include_usage)
 
     async def respond(self, request: Request, streaming: bool) -> Response:
         """Answer: a stream (whose generator aborts the request when it ends), or the whole
@@ -136,6 +148,10 @@ class ServerState:
         self.config = config
         self.model_name = config.model_name
         self.created = int(time.time())
+        # OpenAI's "backend configuration the model runs with": the version, the model and the
+        # engine's options. The same for every response of this server.
+        setup = json.dumps([mini_infer.__version__, config.model, config.engine_kwargs], sort_keys=True, default=str)
+        self.system_fingerprint = "fp_" + hashlib.sha256(setup.encode()).hexdigest()[:12]
         self.metrics = ServerMetrics()
         factory = engine_factory or (
             lambda: build_engine(
@@ -171,6 +187,19 @@ class ServerState:
         """Run tokenizer work (templates, encoding) off the event loop, one job at a time."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
+    async def check_request(
+        self, req: Any, info: EngineInfo, grammars: list[tuple[StructuredOutputsParams, str]]
+    ) -> None:
+        """A 400 for what the engine would refuse later: token ids a request names besides its
+        prompt (stop tokens, biased tokens) outside the vocabulary, and grammars that do not
+        compile (checked in the tokenizer thread: a large schema takes a while)."""
+        if req.stop_token_ids:
+            check_token_ids(req.stop_token_ids, info, "stop_token_ids")
+        if req.logit_bias:
+            check_token_ids([int(t) for t in req.logit_bias], info, "logit_bias")
+        if grammars:
+            await self.in_tokenizer_thread(check_grammars, grammars)
+
     async def submit(self, choices: list[Choice], group: str) -> RequestStream:
         try:
             return await self.engine.submit(choices, group)
@@ -186,6 +215,16 @@ def check_token_ids(token_ids: Sequence[int], info: EngineInfo, param: str) -> N
     bad = next((t for t in token_ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise bad_request(f"{param}: token id {bad} is outside the vocabulary [0, {info.vocab_size})", param=param)
+
+
+def check_grammars(parts: Sequence[tuple[StructuredOutputsParams, str]]) -> None:
+    """A 400 for the first grammar that does not compile, named (``tools.1.function.parameters``
+    does not compile: ...). Runs in the tokenizer thread: a large schema takes a while."""
+    for spec, name in parts:
+        try:
+            check_grammar(spec, name=name)
+        except ValueError as exc:
+            raise bad_request(str(exc), param=name.split(".")[0]) from None
 
 
 def resolve_max_tokens(

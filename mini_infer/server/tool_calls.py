@@ -26,6 +26,12 @@ Rules (the same whether the text comes in one piece or a character at a time):
   model wrote is lost;
 * a block left open when generation ends (``max_tokens``) is closed as it stands.
 
+A *forced* call (``tool_choice`` "required" or a named function) is constrained decoding (chapter
+09b): the prompt ends with the start of the call, and ``call_grammar`` is the grammar of the rest,
+a function's name among those allowed, arguments that follow its JSON Schema, written compactly
+as the template writes them, and the closing tag, after which only the end of the turn is
+allowed. Those arguments always parse.
+
 Invariant: the concatenation of all content deltas is the final content, and for each call the
 concatenation of its argument deltas is its final arguments string.
 """
@@ -35,13 +41,37 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from mini_infer.structured_output import JSON_OPTIONS
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
+TOOL_CALL_CLOSE = "}\n"  # between a call's arguments and TOOL_CALL_END, as the chat template writes it
 # The start of a call as Qwen's template asks for it: name first, then arguments.
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
 _CLOSING = "}" + " \t\r\n"
+
+
+def call_start(name: str | None) -> str:
+    """The prompt's last words for a forced call: the call opened, with ``name`` when it is the
+    only choice (names match ``[A-Za-z0-9_-]+``, so they need no escaping)."""
+    return f'{TOOL_CALL_START}\n{{"name": "' + ("" if name is None else f'{name}", "arguments": ')
+
+
+def call_grammar(functions: Sequence[tuple[str, dict[str, Any]]], *, name_given: bool, end_tag: str) -> str:
+    """A Lark grammar (llguidance's dialect) for what follows ``call_start``: for one of
+    ``functions`` (name, JSON Schema of its arguments), its name unless ``name_given``, its
+    arguments, the outer object's ``}`` and ``end_tag`` (a grammar item: the closing tag's token,
+    ``<[id]>``, or its text)."""
+    alternatives, rules = [], []
+    for i, (name, schema) in enumerate(functions):
+        head = "" if name_given else json.dumps(f'{name}", "arguments": ') + " "
+        alternatives.append(f"{head}args{i}")
+        rules.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")
+    return "\n".join([f"start: ({' | '.join(alternatives)}) {json.dumps(TOOL_CALL_CLOSE)} {end_tag}", *rules])
 
 
 def new_tool_call_id() -> str:
