@@ -89,6 +89,20 @@ def test_with_defaults_fills_only_unset_fields() -> None:
         SamplingParams().with_defaults({"top_p": 0})
 
 
+def test_with_defaults_keeps_the_newer_fields_and_names_a_clash() -> None:
+    from mini_infer.sampling_params import StructuredOutputsParams
+
+    grammar = StructuredOutputsParams(choice=["yes", "no"])
+    asked = SamplingParams(logit_bias={5: 2.0}, skip_special_tokens=False, structured_outputs=grammar)
+    merged = asked.with_defaults(AS_PARAMS)
+    assert (merged.logit_bias, merged.skip_special_tokens, merged.structured_outputs) == ({5: 2.0}, False, grammar)
+    assert (merged.temperature, merged.max_tokens) == (0.7, 7)
+    # A request's min_tokens above the model's max_new_tokens: the error says the default caused it.
+    with pytest.raises(ValueError, match=r"min_tokens must be <= max_tokens \(7\).*defaults .*max_tokens"):
+        SamplingParams(min_tokens=10).with_defaults(AS_PARAMS)
+    assert SamplingParams(min_tokens=10, max_tokens=12).with_defaults(AS_PARAMS).min_tokens == 10
+
+
 # ------------------------------------------------------------------ reading generation_config.json
 
 
@@ -175,6 +189,20 @@ def test_generate_flags_then_the_models_defaults_then_its_own_fallbacks(model_di
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) <= 9
 
 
+def test_chat_takes_the_models_defaults_too(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mini_infer.chat_cli
+
+    seen: list[SamplingParams] = []
+    monkeypatch.setattr(mini_infer.chat_cli, "run_chat", lambda llm, params, system=None: seen.append(params))
+    flags = ["chat", "--model", str(model_dir), "--dtype", "float32", "--num-kv-blocks", "32"]
+    assert main(flags) == main([*flags, "--generation-config", "vllm"]) == main([*flags, "--top-k", "3"]) == 0
+    assert seen[0] == SamplingParams(**AS_PARAMS)
+    assert seen[1] == SamplingParams(max_tokens=512, temperature=0.0)  # chat's own fallbacks
+    assert (seen[2].top_k, seen[2].top_p) == (3, 0.8)
+    assert main([*flags, "--top-p", "0"]) == 2  # refused before the model is loaded
+    assert len(seen) == 3
+
+
 # ------------------------------------------------------------------ the server
 
 
@@ -198,6 +226,12 @@ def test_the_server_gives_unset_fields_the_models_defaults(model_dir: Path, llm:
             assert explicit["usage"]["completion_tokens"] == 3
             want = llm.generate([PROMPT], SamplingParams(3, temperature=0, ignore_eos=True, repetition_penalty=1.0))
             assert explicit["choices"][0]["text"] == want[0].text
+            # The newer fields a request sets go through; those it leaves unset still default.
+            biased = complete(temperature=0, max_tokens=3, min_tokens=3, logit_bias={"9": 100})
+            assert biased["usage"]["completion_tokens"] == 3
+            want = llm.generate([PROMPT], SamplingParams(3, temperature=0, min_tokens=3, logit_bias={9: 100.0}))
+            assert biased["choices"][0]["text"] == want[0].text
+            assert biased["choices"][0]["text"] != complete(temperature=0, max_tokens=3)["choices"][0]["text"]
             chat = http.post(
                 "/v1/chat/completions",
                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True},
