@@ -7,9 +7,21 @@ contributing page shows it; ``tests/test_notebook_env.py`` checks every notebook
     try:
         import mini_infer
     except ImportError:
-        %pip install -q "mini-infer[notebook] @ git+<repository url from _config.yml>"
+        import glob, os  # Kaggle without internet: the wheels attached as a dataset (book: setup)
+        wheels = glob.glob("/kaggle/input/**/mini_infer-<version>-py3-none-any.whl", recursive=True)
+        if wheels:
+            %pip install -q --no-index --find-links {os.path.dirname(wheels[0])} "mini-infer[notebook]==<version>"
+        else:
+            %pip install -q "mini-infer[notebook] @ <html.baseurl>wheels/mini_infer-<version>-py3-none-any.whl"
     from mini_infer.notebook_env import setup
     env = setup()
+
+The cell installs the package *release that produced the stored outputs*: the website publishes
+the wheel built from the same commit as its pages (``book/_ext/release_wheel.py``), at the address
+made of ``html.baseurl`` in ``_config.yml`` and ``mini_infer.__version__``; never GitHub's moving
+``main``. On Kaggle with the internet off, a dataset holding that wheel and the wheels of the
+``notebook`` extra (``scripts/kaggle_wheels.sh``) is found under ``/kaggle/input`` and installed
+without an index. IPython expands ``{...}`` in a ``%pip`` line.
 
 ``setup()`` answers the questions that let one notebook run unchanged on Colab, Kaggle, a laptop
 and CI, and makes the rest of the notebook reproducible:
@@ -59,14 +71,27 @@ FIRST_CELL_TEMPLATE = """\
 try:
     import mini_infer
 except ImportError:
-    %pip install -q "mini-infer[notebook] @ git+{repository_url}"
+    import glob, os  # Kaggle without internet: the wheels attached as a dataset (book: setup)
+    wheels = glob.glob("/kaggle/input/**/{wheel}", recursive=True)
+    if wheels:
+        %pip install -q --no-index --find-links {{os.path.dirname(wheels[0])}} "mini-infer[notebook]=={version}"
+    else:
+        %pip install -q "mini-infer[notebook] @ {site_url}wheels/{wheel}"
 from mini_infer.notebook_env import setup
 env = setup({arguments})"""
 
 
-def first_cell(repository_url: str, arguments: str = "") -> str:
-    """The canonical first cell of a chapter; ``arguments`` go into ``setup(...)``."""
-    return FIRST_CELL_TEMPLATE.format(repository_url=repository_url.rstrip("/"), arguments=arguments)
+def release_wheel_name(version: str) -> str:
+    """The file name of mini-infer's wheel for ``version``, as pip builds it."""
+    return f"mini_infer-{version}-py3-none-any.whl"
+
+
+def first_cell(site_url: str, version: str, arguments: str = "") -> str:
+    """The canonical first cell of a chapter: installs ``version`` from the website at ``site_url``
+    (``html.baseurl`` in ``_config.yml``) or from a Kaggle dataset; ``arguments`` go into ``setup(...)``."""
+    return FIRST_CELL_TEMPLATE.format(
+        site_url=site_url.rstrip("/") + "/", version=version, wheel=release_wheel_name(version), arguments=arguments
+    )
 
 
 @dataclass(frozen=True)

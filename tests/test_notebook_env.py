@@ -1,8 +1,9 @@
 """The chapters' first cell and ``mini_infer.notebook_env.setup()`` (chapter 00).
 
-* Every notebook's first code cell is the canonical one (``first_cell()``), and its install URL
-  is ``repository.url`` from ``_config.yml``, the one place that names the repository; the
-  contributing guide shows the same cell.
+* Every notebook's first code cell is the canonical one (``first_cell()``): it installs the wheel
+  of this package's version from the website (``html.baseurl`` in ``_config.yml``, the one place
+  that names the site), or from a Kaggle dataset with the internet off; both branches are run in
+  IPython with ``%pip`` recorded. The contributing guide shows the same cell.
 * ``setup()`` works offline: the network check is monkeypatched, never performed.
 """
 
@@ -17,17 +18,22 @@ import pytest
 import torch
 import yaml
 
+import mini_infer
 from mini_infer import notebook_env
-from mini_infer.notebook_env import NotebookEnv, first_cell, setup, show_source
+from mini_infer.notebook_env import NotebookEnv, first_cell, release_wheel_name, setup, show_source
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
 PLATFORM_VARIABLES = ["COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_URL_BASE"]
 
 
-def repository_url() -> str:
+def site_url() -> str:
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    return str(config["repository"]["url"]).rstrip("/")
+    return str(config["html"]["baseurl"])
+
+
+def canonical_first_cell(arguments: str = "") -> str:
+    return first_cell(site_url(), mini_infer.__version__, arguments=arguments)
 
 
 # --- the first cell of every chapter ---------------------------------------------------------
@@ -48,20 +54,72 @@ def test_first_code_cell_is_the_canonical_setup_cell(path: Path) -> None:
     # The only freedom: the arguments of setup(...), e.g. prefer_real_model="Qwen/...".
     match = re.search(r"^env = setup\((.*)\)$", source, flags=re.MULTILINE)
     assert match, f"{path.name}: the first code cell must end with env = setup(...)"
-    expected = first_cell(repository_url(), arguments=match.group(1))
+    expected = canonical_first_cell(arguments=match.group(1))
     assert source == expected, (
         f"{path.name}: the first code cell differs from the canonical setup cell "
-        f"(install URL from _config.yml: {repository_url()}).\nExpected:\n{expected}\n\nFound:\n{source}"
+        f"(scripts/sync_first_cells.py rewrites it).\nExpected:\n{expected}\n\nFound:\n{source}"
     )
 
 
-def test_install_url_in_first_cell_is_the_config_repository() -> None:
-    assert f'git+{repository_url()}"' in first_cell(repository_url())
+def test_the_package_version_is_the_one_pyproject_builds() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'\nversion = "{mini_infer.__version__}"\n' in pyproject, "mini_infer.__version__ and pyproject.toml differ"
+
+
+def test_site_url_is_an_absolute_https_folder() -> None:
+    assert re.fullmatch(r"https://[^\s/]+/(\S+/)?", site_url()), "html.baseurl must be https://host/path/"
+
+
+def run_first_cell(monkeypatch: pytest.MonkeyPatch, kaggle_wheels: list[str]) -> list[str]:
+    """Runs the canonical first cell in IPython as a fresh Colab/Kaggle runtime would (mini_infer
+    not importable), with glob answering ``kaggle_wheels`` and %pip recorded; returns the %pip lines."""
+    import builtins
+    import glob
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    pip_lines: list[str] = []
+    shell.register_magic_function(lambda line: pip_lines.append(line), magic_kind="line", magic_name="pip")
+    real_import = builtins.__import__
+
+    def refuse_mini_infer(name: str, *args: object, **kwargs: object) -> object:
+        if name == "mini_infer" or name.startswith("mini_infer."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    seen_patterns: list[str] = []
+    monkeypatch.setattr(glob, "glob", lambda pattern, recursive=False: seen_patterns.append(pattern) or kaggle_wheels)
+    monkeypatch.setattr(builtins, "__import__", refuse_mini_infer)
+    cell = canonical_first_cell().split("from mini_infer.notebook_env import setup")[0]  # up to the install
+    try:
+        result = shell.run_cell(cell)
+    finally:
+        monkeypatch.setattr(builtins, "__import__", real_import)
+        InteractiveShell.clear_instance()
+    result.raise_error()
+    assert seen_patterns == [f"/kaggle/input/**/{release_wheel_name(mini_infer.__version__)}"]
+    return pip_lines
+
+
+def test_first_cell_installs_this_version_from_the_website(monkeypatch: pytest.MonkeyPatch) -> None:
+    version = mini_infer.__version__
+    assert run_first_cell(monkeypatch, kaggle_wheels=[]) == [
+        f'install -q "mini-infer[notebook] @ {site_url()}wheels/mini_infer-{version}-py3-none-any.whl"'
+    ]
+
+
+def test_first_cell_installs_the_attached_kaggle_wheels_without_an_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    version = mini_infer.__version__
+    wheel = f"/kaggle/input/datasets/someone/mini-infer-wheels/mini_infer-{version}-py3-none-any.whl"
+    assert run_first_cell(monkeypatch, kaggle_wheels=[wheel]) == [
+        f'install -q --no-index --find-links /kaggle/input/datasets/someone/mini-infer-wheels "mini-infer[notebook]=={version}"'
+    ]
 
 
 def test_contributing_guide_shows_the_canonical_cell() -> None:
     guide = (ROOT / "book" / "contributing.md").read_text(encoding="utf-8")
-    assert first_cell(repository_url()) in guide, "book/contributing.md must show first_cell() exactly"
+    assert canonical_first_cell() in guide, "book/contributing.md must show first_cell() exactly"
 
 
 # --- setup() ----------------------------------------------------------------------------------
