@@ -60,22 +60,29 @@ def generate_params(args: argparse.Namespace, model_defaults: dict[str, Any]) ->
 def _generate(args: argparse.Namespace) -> int:
     from mini_infer import LLM
 
-    llm = LLM(args.model, **engine_kwargs(args))
-    params = generate_params(args, llm.engine.sampling_defaults)
-    prompts = args.prompt or ["What is 12 + 30?"]
-    if args.chat:
-        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
-    else:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-    for prompt, out in zip(prompts, outputs):
-        if args.json:
-            print(
-                json.dumps(
-                    {"prompt": prompt, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}
-                )
-            )
+    params = requested_params(args)  # refuses bad sampling settings before loading anything
+    # Closing the engine ends a tensor-parallel engine's worker processes (chapter 14), on an error too.
+    with LLM(args.model, **engine_kwargs(args)) as llm:
+        params = generate_params(args, llm.engine.sampling_defaults)
+        prompts = args.prompt or ["What is 12 + 30?"]
+        if args.chat:
+            outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
         else:
-            print(f">>> {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}]")
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        for prompt, out in zip(prompts, outputs):
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "prompt": prompt,
+                            "text": out.text,
+                            "token_ids": out.token_ids,
+                            "finish_reason": out.finish_reason,
+                        }
+                    )
+                )
+            else:
+                print(f">>> {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}]")
     return 0
 
 
@@ -84,8 +91,8 @@ def _chat(args: argparse.Namespace) -> int:
     from mini_infer.chat_cli import run_chat
 
     requested_params(args)  # refuses bad sampling settings before loading anything
-    llm = LLM(args.model, **engine_kwargs(args))
-    run_chat(llm, generate_params(args, llm.engine.sampling_defaults), system=args.system)
+    with LLM(args.model, **engine_kwargs(args)) as llm:  # closing ends tensor-parallel workers (chapter 14)
+        run_chat(llm, generate_params(args, llm.engine.sampling_defaults), system=args.system)
     return 0
 
 

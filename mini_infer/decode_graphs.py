@@ -140,7 +140,7 @@ class DecodeGraphs:
             self.context_lens[:size],
             q,
             self.cache,
-            self.model.config.num_attention_heads,
+            self.model.shard.num_attention_heads,
         )
         hidden = self.model.forward(self.input_ids[:tokens], self.positions[:tokens], PagedAttention(self.cache, meta))
         return self.model.compute_logits(hidden, dtype=self.model.dtype)

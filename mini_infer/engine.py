@@ -23,6 +23,9 @@ here or in the scheduler: the prefix cache (chapter 08, given to the scheduler),
 ``Drafter`` (chapter 10). ``engine_builder.build_engine`` assembles all of them from an
 ``EngineConfig``.
 
+``check_health`` raises when a part of the engine has died and ``close`` releases what would
+outlive it: with tensor parallelism (chapter 14), the runner's worker processes.
+
 Invariant, checked by tests after every step: every block is free, or held by running
 sequences and/or the prefix cache; and ``num_computed_tokens <= len(token_ids)`` for every
 sequence.
@@ -190,6 +193,14 @@ class LLMEngine:
             if reason is not None:
                 self.scheduler.finish(seq, reason)
         return [self.outputs.output(seq.request_id) for seq in progressed]
+
+    def check_health(self) -> None:
+        """Raise when a part of the engine has died (a tensor-parallel worker, chapter 14)."""
+        self.runner.check_health()
+
+    def close(self) -> None:
+        """Release what would outlive the engine (a tensor-parallel runner's workers, chapter 14)."""
+        self.runner.close()
 
     # ----------------------------------------------------------------- counters
     def stats(self) -> dict[str, int]:

@@ -12,6 +12,10 @@ apart. ``build_engine(config)`` then does, in order:
    and allocate it once, for the draft too (chapters 04-05);
 4. on CUDA, unless ``enforce_eager``, let each model's decode steps replay CUDA graphs
    (``decode_graphs``, chapter 05);
+   with ``tensor_parallel_size`` N > 1, steps 1, 3 and 4 happen on every rank instead: rank 0 (this
+   process) starts ranks 1..N-1 and each loads its shard of the weights and allocates its part of
+   the pool (chapter 14, which this chapter reaches by module name, ``TENSOR_PARALLEL_LAUNCHER``,
+   and only then: no module imports a later chapter);
 5. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
    draft's slots, the full sampler (chapter 09) with constrained decoding for structured
    outputs (chapter 09b; its grammar engine starts at the first request that has a grammar),
@@ -23,10 +27,11 @@ apart. ``build_engine(config)`` then does, in order:
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -81,6 +86,9 @@ class EngineConfig:
         "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), 'vllm' ignores it, "
         "or a directory holding a generation_config.json",
     )
+    tensor_parallel_size: int = _option(
+        1, "processes (on CUDA, one per GPU) that each hold 1/N of the model's heads; rank 0 schedules"
+    )
     seed: int = _option(0, "seed of the random stream shared by unseeded requests")
     show_progress: bool = _option(True, "progress bars while loading")
 
@@ -105,6 +113,14 @@ class EngineConfig:
                 f"num_speculative_tokens={k} does nothing without a draft model: give draft_model "
                 "(for example 'tiny-draft' for 'tiny') or leave num_speculative_tokens at its default"
             )
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        if tp > 1 and self.draft_model is not None:
+            raise ValueError(
+                f"a draft model with tensor_parallel_size={tp} is not supported (the draft would need shards of "
+                "its own): drop draft_model, or use tensor_parallel_size=1"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
         source = self.generation_config
@@ -118,6 +134,18 @@ class EngineConfig:
         if self.generation_config == "vllm":
             return {}
         return generation_defaults(model_dir if self.generation_config == "auto" else Path(self.generation_config))
+
+
+# Where chapter 14's launcher lives (see the module docstring).
+TENSOR_PARALLEL_LAUNCHER = "mini_infer.parallel.workers"
+
+
+class TensorParallelLauncher(Protocol):
+    def __call__(
+        self, config: EngineConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, max_model_len: int
+    ) -> ModelRunner:
+        """Start ranks 1..N-1 and return rank 0's runner: its shard loaded, its part of the pool allocated."""
+        ...
 
 
 def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, show_progress: bool) -> Qwen2Model:
@@ -151,7 +179,7 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     if len(models) > 1:
         guesses = torch.empty(config.max_num_batched_tokens, models[0].config.vocab_size, device=device)
     for model in models:
-        scratch = PagedKVCache(model.config, len(blocks[0]) + rows - 1, block, model.dtype, device)
+        scratch = PagedKVCache(model.shard, len(blocks[0]) + rows - 1, block, model.dtype, device)
         runner = ModelRunner(model, scratch)
         logits = runner.execute(runner.prepare(inputs))
         Sampler(config.seed)(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * rows)
@@ -161,6 +189,43 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     del guesses
     torch.cuda.empty_cache()
     return peak
+
+
+def load_runners(
+    config: EngineConfig,
+    model_dir: Path,
+    draft_dir: Path | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+) -> list[ModelRunner]:
+    """The target's runner (and the draft's) in this process: weights loaded, one KV pool sized from
+    the budget and allocated for each, and on CUDA decode graphs (steps 1-4 of the module docstring)."""
+    model = load_model(model_dir, dtype, device, config.show_progress)
+    draft = None if draft_dir is None else load_model(draft_dir, dtype, device, config.show_progress)
+    models = [model] if draft is None else [model, draft]
+    num_blocks = config.num_kv_blocks or kv_blocks_for_memory(
+        [m.config for m in models],
+        block_size=config.block_size,
+        dtype=dtype,
+        device=device,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_memory=config.kv_cache_memory,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        activation_bytes=measure_activation_peak(models, config) if device.type == "cuda" else 0,
+    )
+    runners = [ModelRunner(m, PagedKVCache(m.shard, num_blocks, config.block_size, dtype, device)) for m in models]
+    if device.type == "cuda" and not config.enforce_eager:  # decode steps replay CUDA graphs (chapter 05)
+        for runner in runners:
+            runner.static_decode = DecodeGraphs(
+                runner.model,
+                runner.kv_cache,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=max_model_len,
+                capture=True,
+            )
+    return runners
 
 
 def build_engine(config: EngineConfig) -> LLMEngine:
@@ -174,37 +239,20 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     draft_dir = None if config.draft_model is None else resolve_model(config.draft_model)
     if draft_dir is not None:  # before any weights are loaded
         check_draft_vocabulary(str(config.draft_model), draft_dir, config.model, target_config, tokenizer)
-    model = load_model(model_dir, dtype, device, config.show_progress)
-    draft = None if draft_dir is None else load_model(draft_dir, dtype, device, config.show_progress)
-    models = [model] if draft is None else [model, draft]
-    max_model_len = min([m.config.max_position_embeddings for m in models] + [config.max_model_len or 2**62])
-    num_blocks = config.num_kv_blocks or kv_blocks_for_memory(
-        [m.config for m in models],
-        block_size=config.block_size,
-        dtype=dtype,
-        device=device,
-        max_num_seqs=config.max_num_seqs,
-        max_model_len=max_model_len,
-        kv_cache_memory=config.kv_cache_memory,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        activation_bytes=measure_activation_peak(models, config) if device.type == "cuda" else 0,
-    )
-    runners = [ModelRunner(m, PagedKVCache(m.config, num_blocks, config.block_size, dtype, device)) for m in models]
-    if device.type == "cuda" and not config.enforce_eager:  # decode steps replay CUDA graphs (chapter 05)
-        for runner in runners:
-            runner.static_decode = DecodeGraphs(
-                runner.model,
-                runner.kv_cache,
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=max_model_len,
-                capture=True,
-            )
+    configs = [target_config] + ([] if draft_dir is None else [ModelConfig.from_model_dir(draft_dir)])
+    max_model_len = min([c.max_position_embeddings for c in configs] + [config.max_model_len or 2**62])
+    if config.tensor_parallel_size > 1:  # chapter 14: the other ranks run in processes of their own
+        launch: TensorParallelLauncher = importlib.import_module(TENSOR_PARALLEL_LAUNCHER).launch
+        runners = [launch(config, model_dir, dtype, device, max_model_len)]
+    else:
+        runners = load_runners(config, model_dir, draft_dir, dtype, device, max_model_len)
+    num_blocks = runners[0].kv_cache.num_blocks
     eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
     mask = StructuredOutputs(tokenizer, target_config.vocab_size, eos)
     # The draft's pool has the same block ids as the target's: one scheduler serves both.
     speculator = (
         None
-        if draft is None
+        if len(runners) == 1
         else SpeculativeDecoder(
             runners[1],
             config.num_speculative_tokens,

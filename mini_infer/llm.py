@@ -15,11 +15,15 @@ vLLM's server do (vLLM's offline ``LLM`` uses the model's defaults only when no 
 given); ``get_default_sampling_params()`` shows what a request that sets nothing gets. ``stream`` yields one request's outputs as the
 engine produces them (the other requests in flight progress too). ``chat`` applies the model's
 chat template first.
+
+``close()`` (or ``with LLM(...) as llm:``) releases what would outlive the object: the worker
+processes of a tensor-parallel engine (chapter 14), which garbage collection also ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -58,24 +62,25 @@ class LLM:
         """Generate for every prompt; one finished ``RequestOutput`` per prompt, in order."""
         prompt_list = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompt_list))
-        # Validate and submit everything before running anything: a bad prompt fails the call
-        # without leaving half of the batch in the engine.
+        # Validate and submit everything before running anything. A bad prompt, a failed step (a
+        # dead tensor-parallel worker, chapter 14) or an interrupt fails the call without leaving
+        # any of its requests in the engine.
         request_ids: list[str] = []
+        finals: dict[str, RequestOutput] = {}
         try:
             for prompt, p in zip(prompt_list, params):
                 request_ids.append(self.engine.add_request(prompt, p))
-        except Exception:
+            wanted = set(request_ids)
+            with tqdm(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm, leave=False) as bar:
+                while len(finals) < len(request_ids):
+                    for out in self.engine.step():
+                        if out.finished and out.request_id in wanted:
+                            finals[out.request_id] = out
+                            bar.update(1)
+        except BaseException:
             for request_id in request_ids:
-                self.engine.abort_request(request_id)
+                self.engine.abort_request(request_id)  # a no-op for a finished one
             raise
-        finals: dict[str, RequestOutput] = {}
-        wanted = set(request_ids)
-        with tqdm(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm, leave=False) as bar:
-            while len(finals) < len(request_ids):
-                for out in self.engine.step():
-                    if out.finished and out.request_id in wanted:
-                        finals[out.request_id] = out
-                        bar.update(1)
         return [finals[r] for r in request_ids]
 
     def chat(
@@ -111,6 +116,18 @@ class LLM:
     def stats(self) -> dict[str, int]:
         """Engine counters: tokens, preemptions, KV blocks, prefix-cache hits, steps."""
         return self.engine.stats()
+
+    def close(self) -> None:
+        """End the engine's worker processes (tensor parallelism); a no-op on one process."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

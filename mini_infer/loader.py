@@ -11,6 +11,10 @@ and shape, so the whole checkpoint is checked *before* a byte of weights is read
 Then ``iter_checkpoint`` yields one tensor at a time from a memory map, so the caller can cast
 it and copy it into its place on the device and drop it: the checkpoint is never held twice.
 
+A tensor-parallel rank (chapter 14) holds a slice of most tensors: ``iter_checkpoint``'s
+``read_part`` reads only that slice from the file (safetensors' ``get_slice``), so no rank ever
+reads a whole tensor it does not keep.
+
 Sharded checkpoints (``model.safetensors.index.json`` plus ``model-0000k-of-0000n``) and single
 files are read the same way. Which names and shapes a Qwen2 checkpoint must have comes from
 ``expected_tensors(config)``, in Hugging Face's naming.
@@ -20,9 +24,10 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -167,12 +172,17 @@ def inspect_checkpoint(model_dir: str | Path, config: ModelConfig) -> list[Tenso
 
 
 def iter_checkpoint(
-    model_dir: str | Path, config: ModelConfig, *, show_progress: bool = True
+    model_dir: str | Path,
+    config: ModelConfig,
+    *,
+    show_progress: bool = True,
+    read_part: Callable[[str, Any], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of the checkpoint, one at a time, memory-mapped.
 
     The tensors are CPU views of the mapped file in the checkpoint's own dtype: the caller casts
-    and copies each one where it belongs, then lets it go.
+    and copies each one where it belongs, then lets it go. ``read_part(name, f.get_slice(name))``,
+    when given, reads what is wanted of each tensor instead of all of it (chapter 14).
     """
     tensors = inspect_checkpoint(model_dir, config)
     by_file: dict[Path, list[str]] = {}
@@ -182,5 +192,5 @@ def iter_checkpoint(
         for file, names in by_file.items():
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in names:
-                    yield name, f.get_tensor(name)
+                    yield name, f.get_tensor(name) if read_part is None else read_part(name, f.get_slice(name))
                     bar.update(1)

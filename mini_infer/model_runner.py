@@ -17,6 +17,11 @@ sequence that samples gets a logit row for its last token, and one for each gues
 Invariants: the batch is built once per step and never changed (the model and attention read
 only it; nothing is computed lazily inside a layer); each tensor is assembled in Python lists and
 sent to the device in one copy; ``prepare`` never synchronises with the device.
+
+The batch keeps the inputs it was built from: with tensor parallelism (chapter 14) they are what
+rank 0 sends the other ranks, each of which prepares its own batch from them (its gather rows
+follow its own number of KV heads). ``check_health`` and ``close`` are the hooks for those worker
+processes: on one process there is nothing to check or to release.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [R] long: the tokens (of T) whose logits are computed
     rows_of: tuple[range, ...]  # per input: its rows of the logits (empty when it does not sample)
     draft_token_ids: tuple[tuple[int, ...], ...]  # per input: the guesses its rows verify
+    inputs: tuple[SequenceInput, ...]  # what it was built from (chapter 14 sends them to the other ranks)
 
     @property
     def num_tokens(self) -> int:
@@ -131,7 +137,7 @@ class ModelRunner:
             batch=[(inputs[i].context_len, inputs[i].block_ids) for i in batched],
             batch_query_len=batch_q,
             cache=self.kv_cache,
-            num_heads=self.model.config.num_attention_heads,
+            num_heads=self.model.shard.num_attention_heads,
         )
 
         def tensor(values: list[int]) -> torch.Tensor:
@@ -146,6 +152,7 @@ class ModelRunner:
             tensor(logits_indices),
             tuple(rows_of),
             tuple(tuple(s.draft_token_ids) for s in inputs),
+            tuple(inputs),
         )
 
     @torch.inference_mode()
@@ -161,6 +168,12 @@ class ModelRunner:
         if not batch.num_logits:
             return torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype, device=self.device)
         return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)
+
+    def check_health(self) -> None:
+        """Raise when a part of the runner has died (chapter 14's worker processes); one process cannot."""
+
+    def close(self) -> None:
+        """Release what would outlive the runner (chapter 14's worker processes); nothing on one process."""
 
 
 def _batched_query_len(inputs: Sequence[SequenceInput]) -> int:

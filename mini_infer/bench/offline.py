@@ -13,11 +13,16 @@ does not depend on the weights' values), every figure beside its baseline from t
 * **prefill**: one prompt of 2,048 tokens; baseline one Hugging Face forward on the same ids.
 
 Each timing is the median of ``--repeats`` runs after a warm-up.
+
+With ``--tensor-parallel-size`` N > 1 the workloads compare N ranks with one instead, step by
+step, with the all-reduce's share of a step: that comparison is chapter 14's, and this chapter
+reaches it by module name (``TENSOR_PARALLEL_BENCH``) only when asked, as the engine builder does.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import statistics
 import time
@@ -33,6 +38,8 @@ from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
 from mini_infer.offline_models import random_model_dir
 from mini_infer.sampling_params import SamplingParams
+
+TENSOR_PARALLEL_BENCH = "mini_infer.parallel.bench"
 
 
 def _median_time(
@@ -274,11 +281,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.9,
         help="on CUDA, the engine's share of the card; leave room for transformers' copy (a 15 GB T4: 0.6)",
     )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="N > 1: the workloads' step times on N ranks against 1, with the all-reduce's share (chapter 14)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.tensor_parallel_size != 1:
+        if args.tensor_parallel_size < 1:
+            raise SystemExit(f"--tensor-parallel-size must be a positive integer, got {args.tensor_parallel_size}")
+        return int(importlib.import_module(TENSOR_PARALLEL_BENCH).main(args))
     results = Bench(args).run()
     if args.json:
         write_results(args.json, results)

@@ -21,6 +21,11 @@ Invariants:
   handler aborts it when the client goes away (``RequestStream.abort``, called from the
   handler's ``finally``); or the engine dies and every waiting stream gets an error.
 * When no request is in flight the engine thread sleeps in its queue's ``get()``: no busy loop.
+  It wakes every ``HEALTH_CHECK_INTERVAL_S`` to ask the engine whether it is still whole (a
+  tensor-parallel worker may die while the server idles, chapter 14): a dead part kills the
+  engine, and ``/health`` says so.
+* The engine thread closes the engine when it leaves, however it leaves: a tensor-parallel
+  engine's worker processes end with the server.
 * Handlers own a tokenizer of their own (``AsyncEngine.tokenizer``, used by one worker thread),
   so that rendering and tokenizing prompts never shares the engine's tokenizer across threads.
 """
@@ -48,6 +53,8 @@ from mini_infer.tokenizer import Tokenizer
 logger = logging.getLogger("mini_infer.server")
 
 T = TypeVar("T")
+
+HEALTH_CHECK_INTERVAL_S = 1.0
 
 
 class EngineState(enum.Enum):
@@ -383,12 +390,20 @@ class AsyncEngine:
             self._die(f"the engine failed: {type(exc).__name__}: {exc}")
         else:
             self._die("the server is shutting down")
+        finally:
+            engine.close()
 
     def _run(self, engine: LLMEngine) -> None:
         events: list[_Event] = []
         while True:
-            if not engine.has_unfinished_requests() and not self._handle(engine, self._commands.get(), events):
-                return  # idle: slept in get() until a command came; it was stop
+            if not engine.has_unfinished_requests():
+                try:
+                    command = self._commands.get(timeout=HEALTH_CHECK_INTERVAL_S)
+                except queue.Empty:
+                    engine.check_health()  # raises when a part has died: the engine is dead
+                    continue
+                if not self._handle(engine, command, events):
+                    return  # idle: slept in get() until a command came; it was stop
             while True:
                 try:
                     command = self._commands.get_nowait()

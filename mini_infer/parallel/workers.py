@@ -1,0 +1,443 @@
+"""Tensor-parallel workers: ranks 1..N-1 in processes of their own, driven by rank 0 step by step (chapter 14).
+
+``launch`` is what ``engine_builder.build_engine`` calls for ``tensor_parallel_size`` N > 1:
+
+1. rank 0 (the engine's process) refuses what cannot work (a size that does not divide the heads,
+   more ranks than GPUs, CUDA graphs), opens a TCP store on a free port and spawns ranks 1..N-1
+   with ``torch.multiprocessing``'s spawn context (a fresh interpreter each, so it works from a
+   notebook cell too; daemonic, so they end with rank 0's interpreter);
+2. every rank loads its shard (``shards.load_shard``) and marks it in the store; rank 0 waits for
+   the marks while watching the workers, so that one that dies while loading is an error at once;
+3. they join two process groups: the tensors' (the default group: gloo on CPUs, NCCL for CUDA
+   tensors; its collectives give up after ``COLLECTIVE_TIMEOUT``) and a gloo group for control
+   messages, where workers wait between steps for as long as the engine idles;
+4. they agree on the KV pool: each rank sizes its part (on a CPU the ranks share one memory and
+   size the pool as one process would; on GPUs each rank on its own card) and the smallest count
+   wins; each allocates its part: its KV heads, the same block ids.
+
+Every step (``TensorParallelRunner.execute``): rank 0 checks that every worker is alive, broadcasts
+the step's ``SequenceInput``s on the control group and runs its shard; each worker prepares its own
+``ForwardBatch`` from the same inputs (its gather rows follow its own KV heads) and runs its shard.
+The model's collectives keep the ranks in step; every rank ends with the logits; rank 0 samples.
+
+Lifecycle: ``close`` (from ``LLM.close``, the engine's ``close``, the server's stop, or garbage
+collection through ``weakref.finalize``) tells the workers to stop, joins them, ends those that do
+not leave, destroys the process groups and gives rank 0 its CPU threads back. A worker that dies
+fails the next step, or the collective it was in, with ``WorkerDiedError`` naming it; nothing
+waits on a dead worker. A worker whose rank 0 has gone sees its control group fail, and a watchdog
+thread ends it if its parent process is gone.
+
+Under ``torchrun`` (``__main__``) every rank is started by ``torchrun``, on one machine or several:
+rank 0 runs a ``mini-infer`` command and sends the workers what to build instead of spawning them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from mini_infer.config import ModelConfig
+from mini_infer.engine_builder import EngineConfig, measure_activation_peak
+from mini_infer.kv.paged_attention import PagedKVCache
+from mini_infer.kv.sizing import kv_blocks_for_memory
+from mini_infer.model import Qwen2Model, shard_config
+from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
+from mini_infer.parallel.shards import RankGroup, load_shard
+
+# The ranks run the same step, so a collective's partners arrive within a layer's time of each
+# other; one that waits longer than this gives up. Workers wait for the next step on the control
+# group, which has no practical limit: an engine may idle for days.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
+IDLE_TIMEOUT = datetime.timedelta(days=365)
+STOP_TIMEOUT_S = 10.0  # how long a worker may take to leave after being told to stop
+WORKER_EXIT_GRACE_S = 1.0  # after a failed step, how long to wait for a worker's death to explain it
+
+
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel worker died, or a step failed on some rank: this engine cannot go on."""
+
+
+# Messages and specs are frozen dataclasses without slots: Python 3.10 cannot unpickle frozen ones with slots.
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank needs to build its part of the engine."""
+
+    config: EngineConfig
+    model_dir: Path
+    dtype: torch.dtype
+    device: torch.device  # rank 0's; on CUDA rank r uses the r-th GPU after it (under torchrun: LOCAL_RANK)
+    max_model_len: int
+    num_threads: int  # torch threads of each rank on a CPU: the cores shared out
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A step's inputs, as the fields of each ``SequenceInput``."""
+
+    inputs: tuple[tuple[Any, ...], ...]
+
+    @classmethod
+    def of(cls, inputs: tuple[SequenceInput, ...]) -> _Step:
+        return cls(tuple((s.token_ids, s.start, s.block_ids, s.samples, s.draft_token_ids) for s in inputs))
+
+    def sequence_inputs(self) -> list[SequenceInput]:
+        return [SequenceInput(*fields) for fields in self.inputs]
+
+
+class _Report:
+    pass
+
+
+class _Stop:
+    pass
+
+
+@dataclass(slots=True)
+class _Trace:
+    """What a rank did: steps, and its last step's tokens, gather rows and collectives."""
+
+    steps: int = 0
+    num_tokens: int = 0
+    gather_rows: int = 0
+    collectives: int = 0
+    payload_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank, as it describes itself (``TensorParallelRunner.reports``)."""
+
+    rank: int
+    pid: int
+    device: str
+    num_heads: int  # query heads it holds
+    num_kv_heads: int
+    kv_pool_shape: tuple[int, ...]  # its K pool (V is the same): [layers, kv_heads, blocks + 1, block_size, D]
+    last_step: _Trace
+
+
+def launch(
+    config: EngineConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, max_model_len: int
+) -> TensorParallelRunner:
+    """Start ranks 1..N-1 and return rank 0's runner (see the module docstring)."""
+    size = config.tensor_parallel_size
+    _refuse_what_cannot_work(config, ModelConfig.from_model_dir(model_dir), device)
+    threads = torch.get_num_threads()
+    spec = RankSpec(config, model_dir, dtype, device, max_model_len, max(1, threads // size))
+    store = None
+    if _under_torchrun():
+        if dist.get_world_size() != size or dist.get_rank() != 0:
+            raise ValueError(
+                f"torchrun started {dist.get_world_size()} ranks but tensor_parallel_size is {size}: give "
+                f"torchrun --nproc-per-node (times --nnodes) {size}; rank 0 builds the engine"
+            )
+        workers = Workers([], owns_world=False, threads_before=None)
+    elif dist.is_initialized():
+        raise RuntimeError(
+            "this process already belongs to a torch.distributed group (is another tensor-parallel engine "
+            "still open? close it: llm.close(), or use `with LLM(...) as llm`)"
+        )
+    else:
+        store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
+        context = mp.get_context("spawn")
+        processes: list[BaseProcess] = [
+            context.Process(target=_spawned_worker, args=(r, size, store.port, spec), name=f"mini-infer-rank{r}")
+            for r in range(1, size)
+        ]
+        for process in processes:
+            process.daemon = True
+            process.start()
+        workers = Workers(processes, owns_world=True, threads_before=threads)
+    try:
+        if store is None:  # torchrun: the workers learn what to build from rank 0
+            workers.control = _join(device, 0, size, None)
+            workers.send(spec)
+        elif device.type == "cpu":
+            torch.set_num_threads(spec.num_threads)
+        model, group = _load(spec, 0, size)
+        if store is not None:
+            _wait_until_loaded(store, workers, size)
+            workers.control = _join(device, 0, size, store)
+        cache = _allocate_kv_cache(spec, model, workers.control)
+    except BaseException as exc:
+        workers.failed(exc)
+        workers.close()
+        raise
+    return TensorParallelRunner(model, cache, group, workers)
+
+
+class TensorParallelRunner(ModelRunner):
+    """Rank 0's runner: every step goes to the workers first, then through rank 0's own shard."""
+
+    def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache, group: RankGroup, workers: Workers) -> None:
+        super().__init__(model, kv_cache)
+        self.group, self.workers = group, workers
+        self.trace = _Trace()
+        # Garbage collection and the interpreter's exit close the workers too.
+        self._finalizer = weakref.finalize(self, workers.close)
+
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        self.workers.check()
+        try:
+            self.workers.send(_Step.of(batch.inputs))
+            return _traced(self.trace, self.group, batch, super().execute)
+        except Exception as exc:  # a rank died mid-step, or the ranks are out of step: either is fatal
+            raise self.workers.failed(exc) from exc
+
+    def check_health(self) -> None:
+        self.workers.check()
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def reports(self) -> list[RankReport]:
+        """Every rank's description of itself and of its last step, rank 0 first."""
+        self.workers.check()
+        self.workers.send(_Report())
+        gathered: list[Any] = [None] * self.group.size
+        dist.gather_object(_report(self, self.group, self.trace), gathered, dst=0, group=self.workers.control)
+        return gathered
+
+
+class Workers:
+    """Ranks 1..N-1 as rank 0 sees them: their processes (none under torchrun), the control group,
+    the first failure, and how they end."""
+
+    def __init__(self, processes: list[BaseProcess], *, owns_world: bool, threads_before: int | None) -> None:
+        self.processes = processes
+        self.owns_world = owns_world  # rank 0 made the process groups (not torchrun): it destroys them
+        self.threads_before = threads_before
+        self.control: dist.ProcessGroup | None = None
+        self.error: str | None = None
+        self.closed = False
+
+    def send(self, message: object) -> None:
+        dist.broadcast_object_list([message], src=0, group=self.control)
+
+    def check(self) -> None:
+        """Raise ``WorkerDiedError`` if a worker has died or a step has failed (then for good)."""
+        if self.closed:
+            raise RuntimeError("this tensor-parallel engine is closed: build a new one")
+        if self.error is None:
+            for rank, process in enumerate(self.processes, start=1):
+                if not process.is_alive():
+                    self.error = (
+                        f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
+                    )
+                    break
+        if self.error is not None:
+            raise WorkerDiedError(f"{self.error}; this engine cannot run any more: close it and build a new one")
+
+    def failed(self, exc: BaseException) -> WorkerDiedError:
+        """Record a failure (a dead worker, if one explains it) and return the error to raise."""
+        if self.error is None and self.processes:
+            # A killed worker's sockets close before it can be reaped: give it a moment to be seen dead.
+            wait([p.sentinel for p in self.processes], timeout=WORKER_EXIT_GRACE_S)
+        try:
+            self.check()
+        except WorkerDiedError as died:
+            return died
+        self.error = f"a tensor-parallel step failed on rank 0 ({type(exc).__name__}: {exc})"
+        return WorkerDiedError(self.error)
+
+    def close(self) -> None:
+        """Stop the workers (end those that do not leave), destroy the groups; idempotent."""
+        if self.closed:
+            return
+        healthy = self.error is None and all(p.is_alive() for p in self.processes)
+        self.closed = True
+        if healthy and self.control is not None:
+            with suppress(Exception):
+                self.send(_Stop())
+            for process in self.processes:
+                process.join(STOP_TIMEOUT_S)
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        if self.owns_world and dist.is_initialized():
+            with suppress(Exception):
+                dist.destroy_process_group()
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """The device of rank ``rank``: the CPU for every rank; on CUDA the ``rank``-th GPU from
+    rank 0's (under torchrun, ``cuda:LOCAL_RANK``: one process per GPU of each machine)."""
+    if device.type != "cuda":
+        return device
+    local = os.environ.get("LOCAL_RANK") if _under_torchrun() else None
+    return torch.device("cuda", int(local) if local is not None else (device.index or 0) + rank)
+
+
+def serve_torchrun_rank() -> None:
+    """A rank 1..N-1 that torchrun started: learn what to build from rank 0, then serve its steps."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    control = _join(torch.device("cpu"), rank, size, None)
+    spec = _receive(control)
+    assert isinstance(spec, RankSpec)
+    model, group = _load(spec, rank, size)
+    _serve(ModelRunner(model, _allocate_kv_cache(spec, model, control)), group, control)
+
+
+def _under_torchrun() -> bool:
+    return dist.is_initialized() and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def _refuse_what_cannot_work(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> None:
+    size = config.tensor_parallel_size
+    shard_config(model_config, size)  # a size that does not divide the heads: ValueError naming them
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"tensor parallelism runs on CPUs (gloo) or CUDA GPUs (NCCL), not on {device.type}")
+    if device.type != "cuda":
+        return
+    if not config.enforce_eager:
+        raise ValueError(
+            "CUDA graphs are not combined with tensor parallelism (an all-reduce inside a recorded graph is not "
+            "supported here): pass enforce_eager=True (--enforce-eager); a tensor-parallel engine runs eagerly"
+        )
+    first, count = device.index or 0, torch.cuda.device_count()
+    if not _under_torchrun() and first + size > count:
+        raise ValueError(
+            f"tensor_parallel_size={size} needs one GPU per rank (cuda:{first} to cuda:{first + size - 1}), "
+            f"but this machine has {count}: use tensor_parallel_size={max(count - first, 1)} or fewer"
+        )
+
+
+def _spawned_worker(rank: int, size: int, port: int, spec: RankSpec) -> None:
+    """A spawned worker's life: load its shard, join the groups, serve steps until told to stop."""
+    _exit_with_parent()
+    store = dist.TCPStore("127.0.0.1", port, size, False, timeout=COLLECTIVE_TIMEOUT)
+    if spec.device.type == "cpu":
+        torch.set_num_threads(spec.num_threads)
+    model, group = _load(spec, rank, size)
+    store.set(f"loaded/{rank}", "1")
+    control = _join(spec.device, rank, size, store)
+    _serve(ModelRunner(model, _allocate_kv_cache(spec, model, control)), group, control)
+    dist.destroy_process_group()
+
+
+def _exit_with_parent() -> None:
+    """End this process when its parent (rank 0) is gone, whatever it is doing."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mini-infer-parent-watch", daemon=True).start()
+
+
+def _load(spec: RankSpec, rank: int, size: int) -> tuple[Qwen2Model, RankGroup]:
+    device = rank_device(spec.device, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    group = RankGroup(rank, size)  # on the default group, joined before the first collective
+    config = ModelConfig.from_model_dir(spec.model_dir)
+    show_progress = spec.config.show_progress and rank == 0
+    return load_shard(spec.model_dir, config, spec.dtype, device, group, show_progress), group
+
+
+def _wait_until_loaded(store: dist.Store, workers: Workers, size: int) -> None:
+    keys = [f"loaded/{rank}" for rank in range(1, size)]
+    while not store.check(keys):
+        workers.check()  # a worker that died while loading is an error now, not a hang
+        time.sleep(0.05)
+
+
+def _join(device: torch.device, rank: int, size: int, store: dist.Store | None) -> dist.ProcessGroup:
+    """Join the default group (the tensors'; torchrun has joined it already when ``store`` is
+    None) and return the control group."""
+    if store is not None:
+        backend = "gloo" if device.type == "cpu" else "cpu:gloo,cuda:nccl"
+        prefixed = dist.PrefixStore("mini-infer", store)
+        dist.init_process_group(backend, store=prefixed, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    assert control is not None
+    return control
+
+
+def _allocate_kv_cache(spec: RankSpec, model: Qwen2Model, control: dist.ProcessGroup | None) -> PagedKVCache:
+    """This rank's part of the KV pool, with the block count all ranks agree on (the smallest)."""
+    config, device = spec.config, model.device
+    blocks = config.num_kv_blocks
+    if blocks is None:
+        blocks = kv_blocks_for_memory(
+            [model.config if device.type == "cpu" else model.shard],  # one shared memory, or a card each
+            block_size=config.block_size,
+            dtype=spec.dtype,
+            device=device,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=spec.max_model_len,
+            kv_cache_memory=config.kv_cache_memory,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            # On GPUs every rank measures its peak at once: the measured step's collectives need them all.
+            activation_bytes=measure_activation_peak([model], config) if device.type == "cuda" else 0,
+        )
+    agreed = torch.tensor([blocks])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control)
+    return PagedKVCache(model.shard, int(agreed.item()), config.block_size, spec.dtype, device)
+
+
+def _receive(control: dist.ProcessGroup) -> object:
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0, group=control)
+    return box[0]
+
+
+def _serve(runner: ModelRunner, group: RankGroup, control: dist.ProcessGroup) -> None:
+    """A worker's loop: run each step rank 0 sends, until it says stop."""
+    trace = _Trace()
+    while not isinstance(message := _receive(control), _Stop):
+        if isinstance(message, _Report):
+            dist.gather_object(_report(runner, group, trace), None, dst=0, group=control)
+        else:
+            assert isinstance(message, _Step)
+            _traced(trace, group, runner.prepare(message.sequence_inputs()), runner.execute)
+
+
+def _traced(
+    trace: _Trace, group: RankGroup, batch: ForwardBatch, execute: Callable[[ForwardBatch], torch.Tensor]
+) -> torch.Tensor:
+    collectives, payload = group.num_collectives, group.payload_bytes
+    logits = execute(batch)
+    meta = batch.attention
+    trace.steps += 1
+    trace.num_tokens = batch.num_tokens
+    trace.gather_rows = sum(s.pool_rows.numel() for s in meta.prefills if s.pool_rows is not None)
+    trace.gather_rows += sum(b.pool_rows.numel() for b in meta.buckets)
+    trace.collectives = group.num_collectives - collectives
+    trace.payload_bytes = group.payload_bytes - payload
+    return logits
+
+
+def _report(runner: ModelRunner, group: RankGroup, trace: _Trace) -> RankReport:
+    shard = runner.model.shard
+    return RankReport(
+        group.rank,
+        os.getpid(),
+        str(runner.device),
+        shard.num_attention_heads,
+        shard.num_key_value_heads,
+        tuple(runner.kv_cache.k.shape),
+        replace(trace),
+    )
