@@ -42,6 +42,17 @@ summary line. ``show_source(obj)`` displays the package's real source of a funct
 module in a notebook: chapters show the code that runs, never a copy that can drift.
 ``on_your_own(*functions)`` (and ``without(answer, *functions)``) make an exercise's graded
 test refuse answers that call the code they are checked against.
+
+Two helpers shape a chapter's pictures and prose the same way in every chapter:
+
+* ``explore(draw, static, **controls)``: a figure a reader can step through. The static picture
+  (one state, or a small grid of states) is always drawn, so that the website, GitHub and any
+  runtime whose front end shows no widgets still show it; then, where ipywidgets is installed,
+  controls redraw the same ``draw`` live.
+* ``glue(name, value)``: stores a measured number in the cell's outputs, as MyST-NB's ``glue``
+  does, so that the prose beside it quotes the number the cell printed
+  (``{glue:text}`name``` in a Markdown cell) instead of a copy that drifts. Without MyST-NB
+  (Colab, Kaggle) it writes the very same output.
 """
 
 from __future__ import annotations
@@ -55,7 +66,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,3 +308,133 @@ def without(answer: Callable[..., Any], *functions: Callable[..., Any]) -> Calla
             return answer(*args, **kwargs)
 
     return call
+
+
+# --- figures a reader can explore, and numbers the prose quotes ------------------------------
+
+GLUE_PREFIX = "application/papermill.record/"  # MyST-NB's prefix for a glued value that is not shown
+
+
+def glue(name: str, value: Any) -> None:
+    """Store ``value`` under ``name`` in this cell's outputs for the book's prose to quote.
+
+    A Markdown cell of the same notebook writes ``{glue:text}`name``` (or ``{glue:text}`name:.2f```
+    for a number) where the value belongs: Jupyter Book renders the value the cell stored, so the
+    sentence and the printed measurement cannot disagree. Nothing is shown in the notebook (the
+    cell prints the number itself). Glue a Python number or a short string; a NumPy or torch scalar
+    is turned into a Python number first, because MyST-NB formats the value's ``repr``.
+
+    Uses ``myst_nb.glue`` where MyST-NB is installed (the book's build); elsewhere (Colab,
+    Kaggle) it writes the same display output by hand, so a notebook runs everywhere.
+    """
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        value = item()
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        from IPython.core.formatters import format_display_data
+        from IPython.display import display
+
+        bundle, metadata = format_display_data(value)
+        metadata = {**metadata, "scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}}
+        display({GLUE_PREFIX + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
+        return
+    myst_glue(name, value, display=False)
+
+
+WIDGETS_MISSING = "(ipywidgets is not installed: the figure above is all there is; pip install ipywidgets to explore)"
+
+
+def explore(
+    draw: Callable[..., Any],
+    static: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    figsize: tuple[float, float] | None = None,
+    ncols: int = 1,
+    title: str | None = None,
+    **controls: Any,
+) -> None:
+    """Draw a figure a reader can explore: a static picture first, always, then live controls.
+
+    ``draw(fig, **state)`` draws one state of the picture into ``fig``, a matplotlib ``Figure``
+    or ``SubFigure`` (``fig.subplots(...)`` gives it axes). ``static`` is the state drawn in the
+    static picture, or a list of states drawn side by side in a grid of ``ncols`` columns, under
+    ``title``; ``figsize`` is the size of one state's picture (default: the book's figure size).
+    The static picture is a plain PNG in the cell's output: the website, GitHub and runtimes
+    whose front end shows no widgets show it, and so does a reader without ipywidgets.
+
+    Each keyword in ``controls`` names an argument of ``draw`` and the values it may take:
+    a ``range`` or a tuple ``(min, max)`` / ``(min, max, step)`` of numbers gives a slider
+    (floats: a float slider), a list gives buttons (up to six choices) or a drop-down, and its
+    items may be ``(label, value)`` pairs. The controls start at the first static state's values
+    (or, where it has none, at ``draw``'s defaults).
+    Where ``ipywidgets`` imports (7.7 or 8), they are shown under the static picture and every
+    change redraws ``draw`` with their values; elsewhere one line says so. A state of the static
+    picture may carry arguments that no control sets (say, where a legend goes).
+    """
+    import matplotlib.pyplot as plt
+
+    states = [static] if isinstance(static, Mapping) else list(static)
+    if not states:
+        raise ValueError("explore needs at least one static state")
+    width, height = figsize or tuple(plt.rcParams["figure.figsize"])
+    columns = min(ncols, len(states))
+    rows = -(-len(states) // columns)
+    fig = plt.figure(figsize=(width * columns, height * rows))
+    if len(states) == 1:
+        draw(fig, **states[0])
+    else:
+        for panel, state in zip(fig.subfigures(rows, columns, squeeze=False).flat, states):
+            draw(panel, **state)
+    if title:
+        fig.suptitle(title)
+    plt.show()
+    if not controls:
+        return
+    try:
+        import ipywidgets as widgets
+        from IPython.display import display
+    except ImportError:
+        print(WIDGETS_MISSING)
+        return
+
+    defaults = {name: p.default for name, p in inspect.signature(draw).parameters.items() if p.default is not p.empty}
+    start = {**defaults, **states[0]}
+    made = {name: _control(widgets, name, spec, start.get(name)) for name, spec in controls.items()}
+
+    def redraw(**values: Any) -> None:
+        live = plt.figure(figsize=(width, height))
+        try:
+            draw(live, **values)
+        except BaseException:
+            plt.close(live)  # no half-drawn figure left for the next cell's output
+            raise
+        plt.show()
+
+    display(widgets.VBox([*made.values(), widgets.interactive_output(redraw, made)]))
+
+
+def _control(widgets: Any, name: str, spec: Any, value: Any) -> Any:
+    """The ipywidgets control for one of ``explore``'s ``controls`` (see there)."""
+    style = {"description_width": "initial"}
+    numbers = isinstance(spec, tuple) and len(spec) in (2, 3) and all(isinstance(x, (int, float)) for x in spec)
+    if isinstance(spec, widgets.Widget):
+        control = spec
+    elif isinstance(spec, range):
+        control = widgets.IntSlider(min=spec.start, max=spec[-1], step=spec.step, style=style)
+    elif numbers and all(isinstance(x, int) for x in spec):
+        control = widgets.IntSlider(min=spec[0], max=spec[1], step=spec[2] if len(spec) == 3 else 1, style=style)
+    elif numbers:
+        step = spec[2] if len(spec) == 3 else (spec[1] - spec[0]) / 100
+        control = widgets.FloatSlider(min=spec[0], max=spec[1], step=step, style=style)
+    else:
+        options = list(spec)
+        if not options:
+            raise ValueError(f"explore: the control {name!r} has no values")
+        kind = widgets.ToggleButtons if len(options) <= 6 else widgets.Dropdown
+        control = kind(options=options, style=style)
+    control.description = name
+    if value is not None:
+        control.value = value
+    return control

@@ -313,3 +313,129 @@ def test_on_your_own_refuses_the_code_an_answer_must_not_call_by_any_name():
         answer([3])
     with pytest.raises(TypeError, match="Python functions"), on_your_own(len):
         pass
+
+
+# --- explore(): a static picture always, live controls where ipywidgets is ----------------------
+
+
+@pytest.fixture
+def pictures(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
+    """Records what explore() shows: the figures plt.show() would display, and displayed widgets."""
+    mpl = pytest.importorskip("matplotlib")
+    mpl.use("Agg")
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    shown: dict[str, list] = {"figures": [], "displayed": []}
+
+    def show() -> None:
+        for number in plt.get_fignums():
+            shown["figures"].append(plt.figure(number))
+            plt.close(number)
+
+    monkeypatch.setattr(plt, "show", show)
+    monkeypatch.setattr(IPython.display, "display", lambda *objects, **kwargs: shown["displayed"].extend(objects))
+    return shown
+
+
+def recording_draw(calls: list):
+    def draw(fig, step: int = 0, legend: bool = False) -> None:
+        calls.append((type(fig).__name__, step, legend))
+        fig.subplots().plot([0, step])
+
+    return draw
+
+
+def test_explore_shows_the_static_picture_then_controls_that_redraw_it(pictures: dict[str, list]) -> None:
+    pytest.importorskip("ipywidgets")
+    calls: list = []
+    notebook_env.explore(recording_draw(calls), {"step": 3, "legend": True}, figsize=(4.0, 2.0), step=range(12))
+    static = pictures["figures"][0]
+    assert calls[0] == ("Figure", 3, True), "the static picture comes first, drawn with its state"
+    assert tuple(static.get_size_inches()) == (4.0, 2.0)
+    (box,) = pictures["displayed"]
+    slider, output = box.children
+    assert type(slider).__name__ == "IntSlider" and slider.description == "step"
+    assert (slider.min, slider.max, slider.value) == (0, 11, 3)
+    assert calls[1] == ("Figure", 3, False), "the live figure starts at the static state; only controls are passed"
+    slider.value = 7
+    assert calls[-1] == ("Figure", 7, False), "moving the control redraws"
+    assert type(output).__name__ == "Output"
+    pictures["displayed"].clear()
+
+    def draw_from_four(fig, step: int = 4) -> None:
+        calls.append(("default", step))
+
+    notebook_env.explore(draw_from_four, {}, step=(0, 9))
+    (box,) = pictures["displayed"]
+    assert box.children[0].value == 4 and calls[-1] == ("default", 4), "no static value: draw's default"
+
+
+def test_explore_draws_several_static_states_as_a_grid(pictures: dict[str, list]) -> None:
+    calls: list = []
+    states = [{"step": s} for s in (1, 2, 3)] + [{"step": 4, "legend": True}]
+    notebook_env.explore(recording_draw(calls), states, figsize=(3.0, 2.0), ncols=2, title="four states")
+    assert calls == [("SubFigure", 1, False), ("SubFigure", 2, False), ("SubFigure", 3, False), ("SubFigure", 4, True)]
+    (grid,) = pictures["figures"]
+    assert tuple(grid.get_size_inches()) == (6.0, 4.0), "figsize is one state's size: 2 columns x 2 rows"
+    assert grid.get_suptitle() == "four states"
+    assert pictures["displayed"] == [], "no controls asked for, none shown"
+
+
+def test_explore_without_ipywidgets_says_so_in_one_line(
+    pictures: dict[str, list], monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
+    calls: list = []
+    notebook_env.explore(recording_draw(calls), {"step": 2}, step=range(5))
+    assert calls == [("Figure", 2, False)] and len(pictures["figures"]) == 1, "the static picture is still there"
+    assert capsys.readouterr().out.strip() == notebook_env.WIDGETS_MISSING
+    assert pictures["displayed"] == []
+
+
+def test_explore_controls_from_ranges_tuples_and_lists() -> None:
+    widgets = pytest.importorskip("ipywidgets")
+    control = notebook_env._control
+    slider = control(widgets, "temperature", (0.05, 3.0, 0.05), 1.0)
+    assert isinstance(slider, widgets.FloatSlider)
+    assert (slider.min, slider.max, slider.step, slider.value) == (0.05, 3.0, 0.05, 1.0)
+    ints = control(widgets, "top_k", (-1, 20), None)
+    assert isinstance(ints, widgets.IntSlider) and (ints.min, ints.max, ints.step) == (-1, 20, 1)
+    every_other = control(widgets, "step", range(0, 10, 2), 4)
+    assert isinstance(every_other, widgets.IntSlider)
+    assert (every_other.max, every_other.step, every_other.value) == (8, 2, 4)
+    buttons = control(widgets, "sequence", [("seq 0", 0), ("seq 1", 1)], 1)
+    assert isinstance(buttons, widgets.ToggleButtons) and buttons.value == 1 and buttons.description == "sequence"
+    assert isinstance(control(widgets, "n", list(range(10)), None), widgets.Dropdown)
+    with pytest.raises(ValueError, match="no values"):
+        control(widgets, "empty", [], None)
+    with pytest.raises(ValueError, match="at least one"):
+        notebook_env.explore(lambda fig: None, [])
+
+
+# --- glue(): the number a cell measured, for the prose beside it ---------------------------------
+
+
+def test_glue_writes_what_myst_nb_writes_with_or_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import IPython.display
+
+    displayed: list = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objects, **kwargs: displayed.append((objects, kwargs)))
+    monkeypatch.setitem(sys.modules, "myst_nb", None)  # as on Colab and Kaggle
+    notebook_env.glue("speedup", torch.tensor(1.25))  # a 0-d tensor becomes a Python float
+    notebook_env.glue("label", "1.1x")
+    (bundle,), kwargs = displayed[0]
+    assert bundle == {notebook_env.GLUE_PREFIX + "text/plain": "1.25"}
+    scrapbook = {"name": "speedup", "mime_prefix": notebook_env.GLUE_PREFIX}
+    assert kwargs == {"raw": True, "metadata": {"scrapbook": scrapbook}}
+    assert displayed[1][0][0] == {notebook_env.GLUE_PREFIX + "text/plain": "'1.1x'"}
+    monkeypatch.delitem(sys.modules, "myst_nb")
+    glue_module = pytest.importorskip("myst_nb.ext.glue")
+    monkeypatch.setattr(glue_module, "ipy_display", lambda *objects, **kwargs: displayed.append((objects, kwargs)))
+    notebook_env.glue("speedup", torch.tensor(1.25))
+    notebook_env.glue("label", "1.1x")
+    assert displayed[2:] == displayed[:2], "the fallback writes exactly MyST-NB's output"
