@@ -8,6 +8,8 @@
     mini-infer bench prefix-cache       (chapter 08: prefix-cache hits and prefill time saved)
     mini-infer bench speculative        (chapter 10: a draft's acceptance rate against its speedup)
     mini-infer bench serve              (chapter 12: servebench against any OpenAI-compatible server)
+    mini-infer course student OUT       (the student track: the package with assignments blanked)
+    mini-infer course grade 04 --package OUT   (a chapter's graded tests against OUT/mini_infer)
 
 Each subcommand is a thin layer over the package's public API.
 """
@@ -173,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve_bench.add_arguments(serve_bench_parser)
     serve_bench_parser.set_defaults(func=serve_bench.main)
+
+    from mini_infer.course import cli as course_cli  # light: reads the package's files as text
+
+    course = sub.add_parser("course", help="the student track: student package, grader, mutation check")
+    course_cli.add_arguments(course)
 
     rnd = sub.add_parser("random-model", help="write a random-weight Qwen2 model directory (offline)")
     rnd.add_argument("out")
