@@ -8,6 +8,8 @@
     mini-infer bench prefix-cache       (chapter 08: prefix-cache hits and prefill time saved)
     mini-infer bench speculative        (chapter 10: a draft's acceptance rate against its speedup)
     mini-infer bench serve              (chapter 12: servebench against any OpenAI-compatible server)
+    mini-infer course student OUT       (the student track: the package with assignments blanked)
+    mini-infer course grade 04 --package OUT   (a chapter's graded tests against OUT/mini_infer)
 
 Each subcommand is a thin layer over the package's public API.
 """
@@ -18,29 +20,52 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mini_infer.cli_options import add_engine_args, engine_kwargs
 
+if TYPE_CHECKING:
+    from mini_infer.sampling_params import SamplingParams
 
-def _sampling_params(args: argparse.Namespace) -> Any:
-    from mini_infer import SamplingParams
+# The sampling flags of ``generate`` and ``chat``: SamplingParams' field -> (flag, type, what applies
+# when neither the flag nor the model's generation config sets it; max_tokens' is the command's).
+# Greedy by default, unlike the API.
+_SAMPLING_FLAGS: dict[str, tuple[str, type, float | int | None]] = {
+    "max_tokens": ("--max-tokens", int, None),
+    "temperature": ("--temperature", float, 0.0),
+    "top_p": ("--top-p", float, None),
+    "top_k": ("--top-k", int, None),
+    "min_p": ("--min-p", float, None),
+    "repetition_penalty": ("--repetition-penalty", float, None),
+}
 
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.sampling_seed,
-    )
+
+def requested_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling flags given on the command line, validated (nothing else filled in)."""
+    from mini_infer.sampling_params import SamplingParams
+
+    given = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name) is not None}
+    if args.sampling_seed is not None:
+        given["seed"] = args.sampling_seed
+    return SamplingParams(**given)
+
+
+def generate_params(args: argparse.Namespace, model_defaults: dict[str, Any]) -> SamplingParams:
+    """The request of ``generate`` and ``chat``: the flags given, then the model's defaults (none
+    with ``--generation-config vllm``), then the command's own fallbacks (greedy; 64 tokens for
+    ``generate``, 512 for ``chat``)."""
+    fallback = {name: value for name, (_, _, value) in _SAMPLING_FLAGS.items() if value is not None}
+    fallback["max_tokens"] = args.fallback_max_tokens
+    return requested_params(args).with_defaults(fallback | model_defaults)
 
 
 def _generate(args: argparse.Namespace) -> int:
     from mini_infer import LLM
 
-    params = _sampling_params(args)  # refuses bad sampling settings before loading anything
+    params = requested_params(args)  # refuses bad sampling settings before loading anything
     # Closing the engine ends a tensor-parallel engine's worker processes (chapter 14), on an error too.
     with LLM(args.model, **engine_kwargs(args)) as llm:
+        params = generate_params(args, llm.engine.sampling_defaults)
         prompts = args.prompt or ["What is 12 + 30?"]
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
@@ -67,18 +92,23 @@ def _chat(args: argparse.Namespace) -> int:
     from mini_infer import LLM
     from mini_infer.chat_cli import run_chat
 
-    params = _sampling_params(args)  # refuses bad sampling settings before loading anything
+    requested_params(args)  # refuses bad sampling settings before loading anything
     with LLM(args.model, **engine_kwargs(args)) as llm:  # closing ends tensor-parallel workers (chapter 14)
-        run_chat(llm, params, system=args.system)
+        run_chat(llm, generate_params(args, llm.engine.sampling_defaults), system=args.system)
     return 0
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
-    parser.add_argument("--max-tokens", type=int, default=max_tokens)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=-1)
-    parser.add_argument("--sampling-seed", type=int, default=None)
+    """The sampling flags ``generate`` and ``chat`` share; ``max_tokens`` is the command's own
+    fallback when neither ``--max-tokens`` nor the model's generation config sets it."""
+    for name, (flag, kind, fallback) in _SAMPLING_FLAGS.items():
+        fallback = max_tokens if name == "max_tokens" else fallback
+        otherwise = "" if fallback is None else f", else {fallback}"
+        parser.add_argument(
+            flag, dest=name, type=kind, default=None, help=f"default: the model's generation config{otherwise}"
+        )
+    parser.add_argument("--sampling-seed", type=int, default=None, help="seed of these requests' sampling")
+    parser.set_defaults(fallback_max_tokens=max_tokens)
 
 
 def _random_model(args: argparse.Namespace) -> int:
@@ -145,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve_bench.add_arguments(serve_bench_parser)
     serve_bench_parser.set_defaults(func=serve_bench.main)
+
+    from mini_infer.course import cli as course_cli  # light: reads the package's files as text
+
+    course = sub.add_parser("course", help="the student track: student package, grader, mutation check")
+    course_cli.add_arguments(course)
 
     rnd = sub.add_parser("random-model", help="write a random-weight Qwen2 model directory (offline)")
     rnd.add_argument("out")

@@ -10,8 +10,9 @@
     kept     = outputs.take(seq, sampled)            # stops found here, before the update
     scheduler.update(schedule, kept)                 # append, free or cache blocks
 
-Requests come in through ``add_request`` (a prompt string or token ids, and ``SamplingParams``);
-``step`` returns a ``RequestOutput`` for every request that progressed (with the new text for
+Requests come in through ``add_request`` (a prompt string or token ids, and ``SamplingParams``,
+whose unset fields take the model's own ``sampling_defaults`` when the engine has them: chapter
+10's builder reads them from ``generation_config.json``); ``step`` returns a ``RequestOutput`` for every request that progressed (with the new text for
 streaming); ``abort_request`` finishes a request at once and frees its blocks. The offline
 ``LLM`` class and the server both drive this same loop.
 
@@ -33,9 +34,9 @@ sequence.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -99,10 +100,13 @@ class LLMEngine:
         eos_token_ids: Iterable[int] = (),
         sampler: TokenSampler | None = None,
         drafter: Drafter | None = None,
+        sampling_defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
         self.sampler: TokenSampler = sampler or GreedySampler()
         self.drafter = drafter
+        # What a request's unset SamplingParams fields take (the model's generation config).
+        self.sampling_defaults = dict(sampling_defaults or {})
         self.outputs = OutputProcessor(tokenizer, eos_token_ids)
         # Read by the server, the benchmarks and the book.
         self.model, self.model_config, self.device = runner.model, runner.model.config, runner.device
@@ -128,7 +132,7 @@ class LLMEngine:
         this one waits until that prompt is computed, then shares its full blocks by reference
         count instead of computing them again. Give each fork its own ``seed`` if it has one.
         """
-        params = params or SamplingParams()
+        params = (params or SamplingParams()).with_defaults(self.sampling_defaults)
         self.sampler.check(params)
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not token_ids:

@@ -19,12 +19,16 @@ apart. ``build_engine(config)`` then does, in order:
 5. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
    draft's slots, the full sampler (chapter 09) with constrained decoding for structured
    outputs (chapter 09b; its grammar engine starts at the first request that has a grammar),
-   or the speculative decoder that verifies (chapter 10), and the engine loop (chapter 06).
+   or the speculative decoder that verifies (chapter 10), and the engine loop (chapter 06),
+   which gives every request the model's own sampling defaults for the fields it leaves unset
+   (``generation_config``, as vLLM's ``--generation-config``: ``auto`` reads the model's
+   ``generation_config.json``, ``vllm`` ignores it, a directory reads that directory's).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +47,7 @@ from mini_infer.model import Qwen2Model
 from mini_infer.model_runner import ModelRunner, SequenceInput
 from mini_infer.model_source import resolve_model
 from mini_infer.sampling import Sampler, SamplingParams
+from mini_infer.sampling_params import generation_defaults
 from mini_infer.scheduler import Scheduler
 from mini_infer.speculative import SpeculativeDecoder, check_draft_vocabulary
 from mini_infer.structured_output import StructuredOutputs
@@ -75,6 +80,12 @@ class EngineConfig:
         DEFAULT_NUM_SPECULATIVE_TOKENS, "guessed tokens verified per step (with a draft model)"
     )
     enforce_eager: bool = _option(False, "on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
+    generation_config: str = _option(
+        "auto",
+        "sampling defaults for what a request leaves unset: 'auto' reads the model's generation_config.json "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), 'vllm' ignores it, "
+        "or a directory holding a generation_config.json",
+    )
     tensor_parallel_size: int = _option(
         1, "processes (on CUDA, one per GPU) that each hold 1/N of the model's heads; rank 0 schedules"
     )
@@ -112,6 +123,17 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
+        source = self.generation_config
+        if source not in ("auto", "vllm") and not (Path(source) / "generation_config.json").is_file():
+            raise ValueError(
+                f"generation_config must be 'auto', 'vllm' or a directory holding a generation_config.json, got {source!r}"
+            )
+
+    def sampling_defaults(self, model_dir: Path) -> dict[str, Any]:
+        """What a request's unset SamplingParams fields take (see the module docstring)."""
+        if self.generation_config == "vllm":
+            return {}
+        return generation_defaults(model_dir if self.generation_config == "auto" else Path(self.generation_config))
 
 
 # Where chapter 14's launcher lives (see the module docstring).
@@ -250,4 +272,27 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         speculation=speculator,
     )
     sampler = speculator or Sampler(config.seed, eos_token_ids=eos, mask=mask)
-    return LLMEngine(runners[0], scheduler, tokenizer, eos_token_ids=eos, sampler=sampler, drafter=speculator)
+    defaults = config.sampling_defaults(model_dir)
+    if speculator is not None:
+        _warn_if_defaults_stop_drafts(defaults)
+    return LLMEngine(
+        runners[0],
+        scheduler,
+        tokenizer,
+        eos_token_ids=eos,
+        sampler=sampler,
+        drafter=speculator,
+        sampling_defaults=defaults,
+    )
+
+
+def _warn_if_defaults_stop_drafts(defaults: dict[str, Any]) -> None:
+    """A model whose generation config sets a repetition penalty (the small Qwen2.5-Instruct
+    models do) gives it to every request that does not set its own, and requests with penalties
+    are served without drafts (chapter 10): say so, once, when the engine is built."""
+    if SamplingParams().with_defaults(defaults).needs_penalties:
+        warnings.warn(
+            f"the model's generation config sets {defaults}: requests that keep its penalty are served without "
+            "drafts; give them repetition_penalty=1.0, or build the engine with generation_config='vllm'",
+            stacklevel=3,
+        )

@@ -96,9 +96,11 @@ def sdpa_backends(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as Qwen2 defines it: ``weight * (x / rms(x))``, the statistics in float32, the
     result in the weight's dtype (a float32 residual stream feeds float16 matmuls)."""
+    # student: begin chapter 02: RMSNorm: x over its root mean square (statistics in float32), times the weight
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(weight.dtype)
+    # student: end
 
 
 def residual_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -109,14 +111,18 @@ def residual_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` for a tensor whose last axis is ``[gate | up]``."""
+    # student: begin chapter 02: SwiGLU: silu(gate) * up, for a last axis laid out as [gate | up]
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+    # student: end
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """``[x1, x2] -> [-x2, x1]`` on the last axis: the 'rotate by 90 degrees' of each pair."""
+    # student: begin chapter 02: rotate each pair by 90 degrees: [x1, x2] -> [-x2, x1] on the last axis
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+    # student: end
 
 
 class RotaryEmbedding:
@@ -126,16 +132,21 @@ class RotaryEmbedding:
     Qwen2 and Llama) is rotated by ``position * theta ** (-2i / head_dim)``.
     """
 
+    cos: torch.Tensor  # [max_positions, head_dim], float32 (the region below fills both)
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float, device: torch.device | str = "cpu") -> None:
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
         self.head_dim = head_dim
         self.max_positions = max_positions
+        # student: begin chapter 02: the RoPE cos/sin table: pair i turns by position * theta ** (-2i / head_dim)
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]
         self.cos = angles.cos().to(device)
         self.sin = angles.sin().to(device)
+        # student: end
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each position, ``[num_tokens, 1, head_dim]`` (broadcast over heads)."""
@@ -145,15 +156,19 @@ class RotaryEmbedding:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (``[num_tokens, heads, head_dim]``) by the angles whose cos/sin are given."""
+    # student: begin chapter 02: rotate x by the angles whose cos and sin are given
     return x * cos + rotate_half(x) * sin
+    # student: end
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``[num_queries, num_keys]`` boolean, True = may attend: the queries are the last
     ``num_queries`` positions of the ``num_keys``, so query ``i`` sees keys up to
     ``num_keys - num_queries + i``."""
+    # student: begin chapter 02: the causal mask of the last num_queries positions of num_keys
     last_visible = torch.arange(num_queries, device=device)[:, None] + (num_keys - num_queries)
     return torch.arange(num_keys, device=device)[None, :] <= last_visible
+    # student: end
 
 
 def folded_bias(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
@@ -164,10 +179,12 @@ def folded_bias(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Ten
     SDPA would convert a boolean mask on every call; a caller that attends many layers with the
     same mask (the paged engine) builds this once per step instead.
     """
+    # student: begin chapter 02: a boolean mask as SDPA's additive bias, its rows repeated per query head of a group
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
     if group > 1 and mask.shape[-2] > 1:
         bias = bias.repeat(*([1] * (mask.dim() - 2)), group, 1)
     return bias
+    # student: end
 
 
 def folded_attention(
@@ -178,6 +195,7 @@ def folded_attention(
     ``q``: ``[Tq, num_heads, D]``; ``k``, ``v``: ``[num_keys, num_kv_heads, D]``; ``bias``: from
     ``folded_bias`` (``[1, 1, group * Tq, num_keys]``) or None (every query sees every key).
     """
+    # student: begin chapter 02: grouped-query attention with each KV head's query heads folded into the query axis
     num_queries, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
@@ -195,6 +213,7 @@ def folded_attention(
         .permute(2, 0, 1, 3)
         .reshape(num_queries, num_heads, head_dim)
     )
+    # student: end
 
 
 def attention(
@@ -214,6 +233,7 @@ def attention(
     ``[num_queries, num_keys]``) replaces the causal rule when given. Returns
     ``[num_queries, num_heads, head_dim]``.
     """
+    # student: begin chapter 02: grouped-query attention of one sequence, causal or under a mask
     num_queries, num_heads, _ = q.shape
     num_keys, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
@@ -230,3 +250,4 @@ def attention(
     if mask is None and causal and num_queries > 1:
         mask = causal_mask(num_queries, num_keys, q.device)
     return folded_attention(q, k, v, None if mask is None else folded_bias(mask, group, q.dtype)[None, None])
+    # student: end

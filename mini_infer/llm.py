@@ -8,7 +8,11 @@ The names and defaults are vLLM's, so that code written for vLLM reads the same 
     print(outputs[0].text)
 
 ``generate`` submits every prompt to the continuous-batching engine at once and steps it until
-all are done; outputs come back in prompt order. ``stream`` yields one request's outputs as the
+all are done; outputs come back in prompt order. Every field a ``SamplingParams`` leaves unset
+takes the model's own default from its ``generation_config.json`` (``generation_config="auto"``,
+the default; ``"vllm"`` ignores the file), field by field as ``transformers``' ``generate`` and
+vLLM's server do (vLLM's offline ``LLM`` uses the model's defaults only when no SamplingParams is
+given); ``get_default_sampling_params()`` shows what a request that sets nothing gets. ``stream`` yields one request's outputs as the
 engine produces them (the other requests in flight progress too). ``chat`` applies the model's
 chat template first.
 
@@ -39,6 +43,10 @@ class LLM:
 
     def __init__(self, model: str, **options: Any) -> None:
         self.engine = build_engine(EngineConfig(model=model, **options))
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request that sets no field gets: the model's defaults over vLLM's."""
+        return SamplingParams().with_defaults(self.engine.sampling_defaults)
 
     @property
     def tokenizer(self) -> Any:

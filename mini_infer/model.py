@@ -131,12 +131,16 @@ class ContiguousKVCache:
         end = self.length + q.shape[0]
         if end > self.max_len:
             raise ValueError(f"ContiguousKVCache holds {self.max_len} tokens; this step needs {end}")
+        # student: begin chapter 03: store this step's K/V after the cached ones, attend over everything stored
         self.k[layer, self.length : end] = k
         self.v[layer, self.length : end] = v
         return attention(q, self.k[layer, :end], self.v[layer, :end], causal=True)
+        # student: end
 
     def advance(self, num_tokens: int) -> None:
+        # student: begin chapter 03: count the tokens just stored
         self.length += num_tokens
+        # student: end
 
     @property
     def nbytes(self) -> int:

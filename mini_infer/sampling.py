@@ -84,6 +84,7 @@ def apply_penalties(
 ) -> Tensor:
     """Repetition penalty on tokens seen in the prompt or output, then OpenAI's presence and
     frequency penalties on tokens of the output. Counts are ``[N, V]``, penalties ``[N]``."""
+    # student: begin chapter 09: repetition penalty (CTRL's rule), then presence and frequency penalties
     seen = (prompt_counts > 0) | (output_counts > 0)
     r = repetition_penalty.unsqueeze(1)
     # Dividing a positive logit and multiplying a negative one both make the token less likely
@@ -91,6 +92,7 @@ def apply_penalties(
     logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
     logits = logits - frequency_penalty.unsqueeze(1) * output_counts
     return logits - presence_penalty.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+    # student: end
 
 
 def apply_top_k(logits: Tensor, top_k: Tensor, max_k: int | None = None) -> Tensor:
@@ -101,6 +103,7 @@ def apply_top_k(logits: Tensor, top_k: Tensor, max_k: int | None = None) -> Tens
     from the requests): the k-th largest value then comes from ``topk(max_k)`` instead of a sort
     of the whole row, which for a 151,936-token vocabulary and k = 50 is many times cheaper.
     """
+    # student: begin chapter 09: keep each row's top_k largest logits and their ties; top_k < 1 keeps all
     vocab = logits.shape[-1]
     disabled = (top_k < 1) | (top_k >= vocab)
     width = vocab if max_k is None else max(1, min(max_k, vocab))
@@ -108,11 +111,13 @@ def apply_top_k(logits: Tensor, top_k: Tensor, max_k: int | None = None) -> Tens
     kth_largest = logits.topk(width, dim=-1).values.gather(1, (k - 1).unsqueeze(1))
     kth_largest = kth_largest.masked_fill(disabled.unsqueeze(1), -math.inf)
     return logits.masked_fill(logits < kth_largest, -math.inf)
+    # student: end
 
 
 def apply_top_p(logits: Tensor, top_p: Tensor) -> Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches ``top_p`` (the
     nucleus), plus any token tied with the least likely member. ``top_p >= 1`` keeps all."""
+    # student: begin chapter 09: keep the nucleus: the fewest most likely tokens whose mass reaches top_p
     probs = logits.softmax(dim=-1)
     sorted_probs = probs.sort(dim=-1, descending=True).values
     # A token belongs to the nucleus while the mass strictly before it is still below top_p; the
@@ -124,13 +129,16 @@ def apply_top_p(logits: Tensor, top_p: Tensor) -> Tensor:
     # top_p == 1 must keep everything, even if float32 rounding lets the cumsum reach 1 early.
     threshold = threshold.masked_fill(top_p.unsqueeze(1) >= 1, 0.0)
     return logits.masked_fill(probs < threshold, -math.inf)
+    # student: end
 
 
 def apply_min_p(logits: Tensor, min_p: Tensor) -> Tensor:
     """Keep tokens at least ``min_p`` times as likely as the row's most likely token."""
+    # student: begin chapter 09: keep tokens at least min_p times as likely as the row's most likely one
     probs = logits.softmax(dim=-1)
     threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
     return logits.masked_fill(probs < threshold, -math.inf)
+    # student: end
 
 
 def _temperatures(params_list: Sequence[SamplingParams]) -> list[float]:
@@ -173,11 +181,13 @@ def probs_from_logits(logits: Tensor, params_list: Sequence[SamplingParams]) -> 
 
 def exponential_race(probs: Tensor, exponentials: Tensor) -> Tensor:
     """One token per row of ``probs``, given ``exponentials`` of the same shape drawn from Exp(1)."""
+    # student: begin chapter 09: one token per row: the argmax of probs / exponentials
     # P(argmax_i p_i / q_i = j) = p_j when q_i ~ Exp(1): q_i / p_i ~ Exp(rate p_i), and the
     # smallest of independent exponentials is j with probability p_j / sum(p). Tokens with
     # p = 0 can never win, and a one-hot row always returns its hot token. The clamp guards
     # against an exponential draw of exactly 0 (0 / 0 would be NaN).
     return (probs / exponentials.clamp_min(torch.finfo(exponentials.dtype).tiny)).argmax(dim=-1)
+    # student: end
 
 
 def sample_from_probs(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -481,6 +491,7 @@ class Sampler:
         device: torch.device,
     ) -> Tensor:
         """The Exp(1) draws of the race, ``[N, V]``: a seeded row's from its own generator."""
+        # student: begin chapter 09: the Exp(1) draws of the race, a seeded row's from its own generator
         n, vocab = shape
         own_generator = [g is not None and not p.greedy for p, g in zip(params_list, gens, strict=True)]
         if any(g is None and not p.greedy for p, g in zip(params_list, gens, strict=True)):
@@ -495,6 +506,7 @@ class Sampler:
                 # the same shape, whatever the batch looks like. Greedy rows draw nothing.
                 exponentials[i] = torch.empty(vocab, device=device).exponential_(generator=g)
         return exponentials
+        # student: end
 
 
 def per_sequence(host: SamplerOutput, batch: ForwardBatch) -> list[SampledTokens]:

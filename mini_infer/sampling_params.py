@@ -10,16 +10,25 @@ output must match) is constrained decoding's (chapter 09b). A seeded request own
 ``torch.Generator`` (``make_generator``) for its whole life, so that preemption or a different
 batch never changes its tokens.
 
+A checkpoint carries its own sampling defaults in ``generation_config.json`` (Qwen2.5-Instruct:
+temperature 0.7, top_p 0.8, top_k 20 and a repetition penalty). ``generation_defaults`` reads
+them, as vLLM's ``--generation-config auto`` does, and ``SamplingParams.with_defaults`` gives
+them to the fields a request did not set: a ``SamplingParams`` remembers which fields its caller
+gave (``fields_set``: in the constructor, or assigned afterwards), so that an explicit
+``temperature=1.0`` wins over the model's 0.7 while a field left out takes it.
+
 Invariant: a ``SamplingParams`` that exists is valid on its own; what needs the model (a token id
 inside the vocabulary, a grammar that compiles) is checked when the request is added.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -133,6 +142,8 @@ class SamplingParams:
 
     After construction ``stop`` and ``stop_token_ids`` are always lists (empty when not given;
     ``stop`` also takes one string and ``stop_token_ids`` also takes None, as in vLLM).
+    ``fields_set`` names the fields the caller gave, to the constructor or by assignment; the
+    others may take a model's defaults (``with_defaults``).
     """
 
     max_tokens: int = 16
@@ -153,6 +164,22 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     skip_special_tokens: bool = True  # leave special tokens' text out of the output text
     structured_outputs: StructuredOutputsParams | None = None  # what the output must match (chapter 09b)
+    # The names the caller gave: a frozenset while the constructor runs (its own assignments are
+    # not the caller's), a set afterwards, replaced by a larger one at each assignment of a field
+    # (never changed in place, so that copies do not share it).
+    _fields_set: frozenset[str] | set[str] = field(init=False, repr=False, compare=False)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # __new__ sees the constructor's arguments, which __init__ cannot tell from defaults.
+        self = object.__new__(cls)
+        object.__setattr__(self, "_fields_set", frozenset(_FIELD_NAMES[: len(args)]).union(kwargs))
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        given = getattr(self, "_fields_set", None)
+        if isinstance(given, set) and name in _FIELD_NAMES:
+            object.__setattr__(self, "_fields_set", given | {name})
 
     def __post_init__(self) -> None:
         for name, (kind, rule, holds) in _RULES.items():
@@ -170,6 +197,30 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if self.structured_outputs is not None:
             self._check_structured_outputs()
+        object.__setattr__(self, "_fields_set", set(self._fields_set))
+
+    @property
+    def fields_set(self) -> frozenset[str]:
+        """The fields the caller gave (constructor arguments and later assignments)."""
+        return frozenset(self._fields_set)
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> SamplingParams:
+        """These parameters, with ``defaults`` (a model's, say) for the fields the caller did not
+        set; the caller's values always win. ``self`` when no default applies; otherwise a new,
+        validated ``SamplingParams`` that remembers the same ``fields_set``."""
+        unknown = set(defaults) - set(_FIELD_NAMES)
+        if unknown:
+            raise ValueError(f"defaults for unknown SamplingParams fields: {sorted(unknown)}")
+        applied = {name: value for name, value in defaults.items() if name not in self._fields_set}
+        if all(getattr(self, name) == value for name, value in applied.items()):
+            return self
+        try:
+            merged = SamplingParams(**{name: getattr(self, name) for name in _FIELD_NAMES} | applied)
+        except ValueError as exc:
+            # e.g. a request's min_tokens above the model's max_new_tokens: say where the clash came from.
+            raise ValueError(f"{exc} (with the defaults {applied} for the fields the request left unset)") from None
+        object.__setattr__(merged, "_fields_set", set(self._fields_set))
+        return merged
 
     def _check_structured_outputs(self) -> None:
         if not isinstance(self.structured_outputs, StructuredOutputsParams):
@@ -233,6 +284,42 @@ class SamplingParams:
         """The sampler changes this request's logits before anything else: a bias, stops forbidden
         below ``min_tokens``, or a grammar's mask (chapter 09b)."""
         return bool(self.logit_bias) or self.min_tokens > 0 or self.structured_outputs is not None
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(SamplingParams) if f.init)
+
+# What a generation_config.json may set for every request, in transformers' names, and the
+# SamplingParams field each one defaults (the fields vLLM reads: ``do_sample`` is not one of them).
+GENERATION_DEFAULT_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def generation_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The sampling defaults a checkpoint's ``generation_config.json`` sets, under SamplingParams'
+    names (``max_new_tokens`` becomes ``max_tokens``; transformers' ``top_k=0``, "no top-k",
+    becomes -1); ``{}`` when the file is absent or sets none. A value SamplingParams would refuse
+    is a ValueError naming the file."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    defaults = {ours: raw[theirs] for theirs, ours in GENERATION_DEFAULT_FIELDS.items() if raw.get(theirs) is not None}
+    if defaults.get("top_k") == 0:
+        defaults["top_k"] = -1
+    try:
+        SamplingParams(**defaults)
+    except ValueError as exc:
+        raise ValueError(f"{path} sets a sampling default mini-infer refuses: {exc}") from None
+    return defaults
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

@@ -86,6 +86,7 @@ def rejection_sample(
     emit if this row is the first one rejected, drawn from ``max(0, p - q)``; at a bonus row
     that is just ``p``.
     """
+    # student: begin chapter 10: accept each guess with probability min(1, p/q); recover from max(0, p - q)
     is_draft = draft_probs.sum(dim=-1) > 0
     index = torch.where(is_draft, draft_token_ids, torch.zeros_like(draft_token_ids)).unsqueeze(1)
     p = target_probs.gather(1, index).squeeze(1)
@@ -98,6 +99,7 @@ def rejection_sample(
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     residual = torch.where(empty, target_probs, residual)
     return accepted, exponential_race(residual, exponentials)
+    # student: end
 
 
 def check_draft_vocabulary(

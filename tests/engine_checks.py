@@ -47,9 +47,12 @@ def assert_all_blocks_back(engine: LLMEngine) -> None:
     assert pool.num_free_blocks == pool.num_blocks
 
 
-def transformers_greedy(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def transformers_greedy(
+    model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, *, repetition_penalty: float = 1.0
+) -> list[list[int]]:
     """Hugging Face ``generate``'s greedy continuation of each prompt, one at a time, in float32
-    (never stopping at EOS): what the engine's greedy outputs must equal."""
+    on the CPU (never stopping at EOS; the repetition penalty given, not the checkpoint's): what
+    the engine's greedy outputs must equal."""
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     expected = []
     for prompt in prompts:
@@ -59,6 +62,7 @@ def transformers_greedy(model_dir: str | Path, prompts: list[list[int]], max_new
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
             do_sample=False,
+            repetition_penalty=repetition_penalty,
             eos_token_id=None,
             pad_token_id=None,
         )

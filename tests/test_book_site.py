@@ -1,52 +1,55 @@
-"""The built website, as a browser shows it.
+"""The built website, every page of it, as a browser shows it.
 
 Builds the book into a temporary folder with the same command as ``scripts/build_book.sh``
-(``jupyter-book build . -W -n --keep-going``: execution is off, so this takes seconds), then
-loads the chapter-0 page in headless Chromium and checks what a reader sees: code cells, their
-stored outputs, the matplotlib figure as an image, and the Colab and Kaggle links, all derived
-from ``repository.url`` in ``_config.yml``. Skipped, with the reason, when no Chromium is
-installed (``apt-get install chromium``).
+(``jupyter-book build . -W -n --keep-going``: execution is off, so this takes seconds), then opens
+every page of ``_toc.yml`` in headless Chromium, driven by Playwright, and checks what a reader
+gets:
+
+* no JavaScript error and no console error on any page;
+* every image loaded (a figure that 404s shows as an empty box, which nothing else notices);
+* every formula typeset by MathJax (a page whose MathJax fails shows raw ``\\(`` TeX);
+* the Colab and Kaggle launch links on every chapter, derived from ``repository.url`` in
+  ``_config.yml``, and none on the prose pages;
+* every interactive widget has a static figure in the same cell, because the website has no
+  kernel and the widgets' JavaScript comes from a CDN that may not load;
+* a screenshot of the top of every page, kept in ``$MINI_INFER_SITE_SCREENSHOTS`` when set (the
+  GitHub workflow uploads them as an artifact), and not blank.
+
+The check is hermetic: the pages load from ``file://`` and no request leaves the machine.
+MathJax, which the pages load from jsDelivr, is served from the same release's npm package
+(downloaded once from the npm registry into ``~/.cache/mini-infer``, or found in
+``$MINI_INFER_MATHJAX_DIR``); every other outside request (the widget manager's CDN scripts) is
+refused, which is what a reader offline, or behind a strict firewall, gets. Skipped, with the
+reason, when no Chromium or no Playwright is installed (``apt-get install chromium``; Playwright
+is in the ``dev`` extra).
 """
 
 from __future__ import annotations
 
+import html as html_module
+import io
+import os
+import re
 import shutil
 import subprocess
 import sys
-from html.parser import HTMLParser
+import tarfile
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = "notebooks/00_welcome"
 BROWSERS = ["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"]
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-]
-VOID_TAGS = {
-    "area",
-    "base",
-    "br",
-    "col",
-    "embed",
-    "hr",
-    "img",
-    "input",
-    "link",
-    "meta",
-    "source",
-    "track",
-    "wbr",
-}
+MATHJAX_CDN = "https://cdn.jsdelivr.net/npm/mathjax@3/"
+MATHJAX_NPM = "https://registry.npmjs.org/mathjax/-/mathjax-3.2.2.tgz"
+MATHJAX_CACHE = Path.home() / ".cache" / "mini-infer" / "mathjax-3.2.2"
+CONTENT_TYPES = {".js": "application/javascript", ".woff": "font/woff", ".json": "application/json"}
 
 pytestmark = pytest.mark.slow
 
@@ -59,55 +62,91 @@ def find_browser() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 
 
-def expected_links() -> tuple[str, str]:
+def toc_pages() -> list[str]:
+    """Every page of the book, as its path without suffix (``notebooks/00_welcome``)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        pages += [chapter["file"] for chapter in part.get("chapters", [])]
+    return pages
+
+
+def is_notebook(page: str) -> bool:
+    return (ROOT / f"{page}.ipynb").is_file()
+
+
+def expected_links(page: str) -> tuple[str, str]:
+    """The Colab and Kaggle links of a notebook page, from the one repository URL in _config.yml."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     repository = str(config["repository"]["url"]).rstrip("/")
     branch = config["repository"].get("branch", "main")
     colab = str(config["launch_buttons"]["colab_url"]).rstrip("/")
-    blob = f"{repository}/blob/{branch}/{PAGE}.ipynb"
+    blob = f"{repository}/blob/{branch}/{page}.ipynb"
     return (
         f"{colab}/github/{blob.removeprefix('https://github.com/')}",
         f"https://kaggle.com/kernels/welcome?src={blob}",
     )
 
 
-class Element:
-    def __init__(self, tag: str, attrs: dict[str, str], ancestors: list[Element]) -> None:
-        self.tag, self.attrs, self.ancestors = tag, attrs, ancestors
+def mathjax_dir() -> Path | None:
+    """MathJax 3's ``es5`` folder: from $MINI_INFER_MATHJAX_DIR, the cache, or the npm registry."""
+    configured = os.environ.get("MINI_INFER_MATHJAX_DIR")
+    if configured:
+        return Path(configured)
+    if (MATHJAX_CACHE / "es5" / "tex-mml-chtml.js").is_file():
+        return MATHJAX_CACHE
+    try:
+        with urllib.request.urlopen(MATHJAX_NPM, timeout=60) as response:
+            archive = response.read()
+    except OSError:
+        return None
+    partial = MATHJAX_CACHE.with_name(MATHJAX_CACHE.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.startswith("package/es5/"):
+                target = partial / member.name.removeprefix("package/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                assert source is not None
+                target.write_bytes(source.read())
+    shutil.rmtree(MATHJAX_CACHE, ignore_errors=True)
+    partial.rename(MATHJAX_CACHE)
+    return MATHJAX_CACHE
 
-    @property
-    def classes(self) -> set[str]:
-        return set(self.attrs.get("class", "").split())
 
-    def inside(self, css_class: str) -> bool:
-        return any(css_class in a.classes for a in self.ancestors)
+@dataclass
+class PageVisit:
+    """What a browser saw while loading one page."""
+
+    page: str
+    errors: list[str] = field(default_factory=list)  # uncaught exceptions and console errors
+    refused: list[str] = field(default_factory=list)  # outside requests this test refused
+    failed: list[str] = field(default_factory=list)  # requests that failed on their own
+    facts: dict[str, Any] = field(default_factory=dict)
+    screenshot: Path | None = None
 
 
-class Dom(HTMLParser):
-    """Just enough of a DOM: every element with its attributes and its ancestors."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__()
-        self.elements: list[Element] = []
-        self._stack: list[Element] = []
-        self.feed(html)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        element = Element(tag, {k: v or "" for k, v in attrs}, list(self._stack))
-        self.elements.append(element)
-        if tag not in VOID_TAGS:
-            self._stack.append(element)
-
-    def handle_endtag(self, tag: str) -> None:
-        for depth in range(len(self._stack) - 1, -1, -1):
-            if self._stack[depth].tag == tag:
-                del self._stack[depth:]
-                break
-
-    def find(self, tag: str | None = None, css_class: str | None = None) -> list[Element]:
-        return [
-            e for e in self.elements if (tag is None or e.tag == tag) and (css_class is None or css_class in e.classes)
-        ]
+# Everything the checks need from a page, read in the page once MathJax is done.
+READ_PAGE = """() => {
+  const cells = [...document.querySelectorAll('div.cell')];
+  const widgetCells = cells.filter(c => c.querySelector('script[type="application/vnd.jupyter.widget-view+json"]'));
+  return {
+    images: [...document.images].map(i => ({src: i.getAttribute('src'), ok: i.complete && i.naturalWidth > 0})),
+    math: document.querySelectorAll('.math').length,
+    typeset: document.querySelectorAll('.math mjx-container, mjx-container.MathJax').length,
+    rawTex: [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')
+        && /\\\\\\(|\\\\\\[|\\$\\$/.test(m.textContent)).length,
+    mathjaxError: document.querySelectorAll('mjx-merror').length,
+    runLine: [...document.querySelectorAll('.mi-run-line a')].map(a => a.href),
+    launchMenu: [...document.querySelectorAll('.dropdown-launch-buttons a')].map(a => a.href),
+    codeCells: document.querySelectorAll('div.cell_input').length,
+    outputs: document.querySelectorAll('div.cell_output').length,
+    highlighted: document.querySelectorAll('div.cell_input div.highlight').length,
+    widgetCells: widgetCells.length,
+    widgetCellsWithoutFigure: widgetCells.filter(c => !c.querySelector('.cell_output img')).length,
+  };
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -119,82 +158,186 @@ def built_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"book build failed:\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
-    html = out / "_build" / "html"
-    assert (html / f"{PAGE}.html").is_file()
-    return html
+    return out / "_build" / "html"
 
 
 @pytest.fixture(scope="module")
-def browser() -> str:
-    found = find_browser()
+def browser() -> Iterator[Any]:
+    executable = find_browser()
+    if executable is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): the rendered pages are not checked")
+    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is in the dev extra")
+    with playwright.sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def mathjax() -> Path:
+    found = mathjax_dir()
     if found is None:
-        pytest.skip("no Chromium on this machine (apt-get install chromium): the rendered page is not checked")
+        pytest.skip(f"MathJax could not be fetched from {MATHJAX_NPM} (set MINI_INFER_MATHJAX_DIR to its es5 folder)")
     return found
 
 
-def run_browser(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=180)
-
-
 @pytest.fixture(scope="module")
-def rendered_dom(built_html: Path, browser: str, tmp_path_factory: pytest.TempPathFactory) -> Dom:
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    result = run_browser(browser, profile, "--dump-dom", (built_html / f"{PAGE}.html").as_uri())
-    assert result.returncode == 0 and "<html" in result.stdout, f"Chromium failed:\n{result.stderr[-3000:]}"
-    return Dom(result.stdout)
+def visits(built_html: Path, browser: Any, mathjax: Path) -> dict[str, PageVisit]:
+    shots_env = os.environ.get("MINI_INFER_SITE_SCREENSHOTS")
+    shots = Path(shots_env) if shots_env else built_html.parent / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    return {page: visit(browser, built_html, page, mathjax, shots) for page in toc_pages()}
 
 
-def test_page_shows_code_cells_and_their_outputs(rendered_dom: Dom) -> None:
-    inputs = rendered_dom.find("div", "cell_input")
-    outputs = rendered_dom.find("div", "cell_output")
-    assert len(inputs) >= 5, f"expected the chapter's code cells, found {len(inputs)}"
-    assert len(outputs) >= 4, f"expected stored outputs, found {len(outputs)}"
-    highlighted = [e for e in rendered_dom.find("div", "highlight") if e.inside("cell_input")]
-    assert highlighted, "code cells are not syntax-highlighted"
+def visit(browser: Any, html: Path, page: str, mathjax: Path, shots: Path) -> PageVisit:
+    seen = PageVisit(page)
+    context = browser.new_context(viewport={"width": 1280, "height": 1600})
+
+    def route(request_route: Any) -> None:
+        url = request_route.request.url
+        if url.startswith(MATHJAX_CDN):
+            local = mathjax / url.removeprefix(MATHJAX_CDN).split("?")[0]
+            if local.is_file():
+                content_type = CONTENT_TYPES.get(local.suffix, "application/octet-stream")
+                request_route.fulfill(body=local.read_bytes(), content_type=content_type)
+                return
+        seen.refused.append(url)
+        request_route.abort()
+
+    context.route("http*://**/*", route)
+    tab = context.new_page()
+    tab.on("pageerror", lambda error: seen.errors.append(f"uncaught: {error}"))
+    tab.on("console", lambda message: message.type == "error" and seen.errors.append(f"console: {message.text}"))
+    tab.on("requestfailed", lambda request: seen.failed.append(request.url))
+    tab.goto((html / f"{page}.html").as_uri(), wait_until="load")
+    # MathJax typesets after the load event; its startup promise resolves when it is done.
+    tab.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)")
+    tab.evaluate("() => window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null")
+    seen.facts = tab.evaluate(READ_PAGE)
+    seen.screenshot = shots / f"{page.replace('/', '__')}.png"
+    tab.screenshot(path=str(seen.screenshot))
+    context.close()
+    # A refused outside request shows as a console error too; only those are forgiven.
+    refused = set(seen.refused)
+    seen.failed = [url for url in seen.failed if url not in refused]
+    if seen.refused:
+        forgiven = len(seen.refused)
+        kept = []
+        for error in seen.errors:
+            if forgiven and error.startswith("console: Failed to load resource: net::ERR_FAILED"):
+                forgiven -= 1
+            else:
+                kept.append(error)
+        seen.errors = kept
+    return seen
 
 
-def test_page_shows_the_matplotlib_figure(rendered_dom: Dom, built_html: Path) -> None:
-    page_dir = (built_html / PAGE).parent
-    figures = [
-        e for e in rendered_dom.find("img") if e.inside("cell_output") and e.attrs.get("src", "").endswith(".png")
-    ]
-    assert figures, "no <img> of a notebook figure inside a cell output"
-    for figure in figures:
-        src = figure.attrs["src"]
-        target = Path(src.removeprefix("file://")) if src.startswith("file://") else page_dir / src
-        assert target.is_file() and target.stat().st_size > 5_000, f"figure {src} is missing or empty"
+PAGES = toc_pages()
+CHAPTERS = [page for page in PAGES if is_notebook(page)]
 
 
-def test_page_has_colab_and_kaggle_links(rendered_dom: Dom) -> None:
-    colab, kaggle = expected_links()
-    hrefs = [e for e in rendered_dom.find("a") if e.attrs.get("href") in {colab, kaggle}]
-    assert any(e.attrs["href"] == colab for e in hrefs), f"no Colab link {colab}"
-    kaggle_links = [e for e in hrefs if e.attrs["href"] == kaggle]
-    assert any(e.inside("dropdown-launch-buttons") for e in kaggle_links), "Kaggle missing from the launch menu"
-    assert any(e.inside("mi-run-line") for e in kaggle_links), "Kaggle missing from the 'Run this chapter' line"
-    assert any(e.inside("mi-run-line") for e in hrefs if e.attrs["href"] == colab)
+def test_every_page_of_the_toc_is_checked() -> None:
+    assert len(CHAPTERS) >= 13 and len(PAGES) > len(CHAPTERS), (PAGES, CHAPTERS)
 
 
-def test_prose_pages_have_no_notebook_launch_links(built_html: Path) -> None:
-    intro = (built_html / "book" / "intro.html").read_text(encoding="utf-8")
-    assert "kaggle.com/kernels/welcome" not in intro
-    assert "mi-run-line" not in intro
+@pytest.mark.parametrize("page", PAGES)
+def test_page_loads_without_errors(visits: dict[str, PageVisit], page: str) -> None:
+    seen = visits[page]
+    assert not seen.errors, f"{page}: errors in the browser console:\n" + "\n".join(seen.errors)
+    assert not seen.failed, f"{page}: files of the site that did not load: {seen.failed}"
 
 
-def test_screenshot_of_the_page(built_html: Path, browser: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    shots = tmp_path_factory.mktemp("screenshots")
-    png = shots / "00_welcome.png"
-    result = run_browser(
-        browser,
-        shots / "profile",
-        f"--screenshot={png}",
-        "--window-size=1280,2400",
-        (built_html / f"{PAGE}.html").as_uri(),
+@pytest.mark.parametrize("page", PAGES)
+def test_page_images_load(visits: dict[str, PageVisit], page: str) -> None:
+    broken = [image["src"] for image in visits[page].facts["images"] if not image["ok"]]
+    assert not broken, f"{page}: images that did not load: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_math_is_typeset(visits: dict[str, PageVisit], page: str) -> None:
+    facts = visits[page].facts
+    assert facts["rawTex"] == 0, f"{page}: {facts['rawTex']} formulas left as raw TeX"
+    assert facts["mathjaxError"] == 0, f"{page}: MathJax could not parse {facts['mathjaxError']} formulas"
+    assert facts["typeset"] >= facts["math"], f"{page}: {facts['typeset']} of {facts['math']} formulas typeset"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_has_colab_and_kaggle_links(visits: dict[str, PageVisit], page: str) -> None:
+    colab, kaggle = expected_links(page)
+    facts = visits[page].facts
+    assert colab in facts["runLine"] and kaggle in facts["runLine"], f"{page}: 'Run this chapter' line {facts}"
+    assert colab in facts["launchMenu"] and kaggle in facts["launchMenu"], f"{page}: launch menu {facts}"
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if page not in CHAPTERS])
+def test_prose_page_has_no_notebook_launch_links(visits: dict[str, PageVisit], page: str) -> None:
+    facts = visits[page].facts
+    assert not facts["runLine"], f"{page} is not a notebook but has a 'Run this chapter' line"
+    assert not any("kaggle.com/kernels" in href for href in facts["launchMenu"])
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_shows_code_and_outputs(visits: dict[str, PageVisit], page: str) -> None:
+    facts = visits[page].facts
+    assert facts["codeCells"] >= 5 and facts["outputs"] >= 4, f"{page}: {facts['codeCells']} cells"
+    assert facts["highlighted"] >= facts["codeCells"] // 2, f"{page}: code cells are not syntax-highlighted"
+    assert any(image["src"].endswith(".png") for image in facts["images"]), f"{page}: no figure"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_widgets_have_a_static_figure(visits: dict[str, PageVisit], page: str) -> None:
+    facts = visits[page].facts
+    assert facts["widgetCellsWithoutFigure"] == 0, (
+        f"{page}: {facts['widgetCellsWithoutFigure']} of {facts['widgetCells']} widget cells show no static figure;"
+        " the website cannot run a widget (see notebook_env.explore)"
     )
-    assert result.returncode == 0 and png.is_file(), f"no screenshot:\n{result.stderr[-3000:]}"
-    image = pytest.importorskip("PIL.Image").open(png).convert("RGB")
-    assert image.size == (1280, 2400)
-    colours = image.resize((160, 300)).getcolors(maxcolors=1_000_000) or []
-    assert len(colours) > 50, "the screenshot is (nearly) blank"
-    print(f"screenshot: {png}")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_screenshot_is_not_blank(visits: dict[str, PageVisit], page: str) -> None:
+    image_module = pytest.importorskip("PIL.Image")
+    shot = visits[page].screenshot
+    assert shot is not None and shot.is_file(), f"{page}: no screenshot"
+    image = image_module.open(shot).convert("RGB")
+    assert image.size == (1280, 1600)
+    colours = image.resize((160, 200)).getcolors(maxcolors=1_000_000) or []
+    assert len(colours) > 50, f"{page}: the screenshot {shot} is (nearly) blank"
+
+
+# --- what the built site publishes (no browser needed) --------------------------------------------
+
+
+def site_url() -> str:
+    return str(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["html"]["baseurl"])
+
+
+def test_site_publishes_the_wheel_every_first_cell_installs(built_html: Path) -> None:
+    import mini_infer
+    from mini_infer.notebook_env import release_wheel_name
+
+    wheel = built_html / "wheels" / release_wheel_name(mini_infer.__version__)
+    assert wheel.is_file(), f"the site has no {wheel.relative_to(built_html)}: book/_ext/release_wheel.py did not run"
+    assert sorted(p.name for p in wheel.parent.iterdir()) == [wheel.name], "exactly one wheel, this version's"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "mini_infer/__init__.py" in names and "mini_infer/notebook_env.py" in names
+    assert any(name.startswith("mini_infer/models/") for name in names), "the wheel must ship the tiny models"
+
+
+def test_links_into_the_website_resolve_in_the_built_site(built_html: Path) -> None:
+    """Every absolute link to the website (notebooks use them, for Colab and Kaggle) names a page
+    of this build and, when it has one, an anchor that exists on that page."""
+    base = site_url()
+    pattern = re.compile(r'href="(' + re.escape(base) + r'[^"]*)"')
+    broken = []
+    for page in built_html.rglob("*.html"):
+        if "_static" in page.parts or "_sources" in page.parts:
+            continue
+        for url in set(pattern.findall(page.read_text(encoding="utf-8"))):
+            path, _, anchor = html_module.unescape(url)[len(base) :].partition("#")
+            target = built_html / (path or "index.html")
+            if not target.is_file():
+                broken.append(f"{page.relative_to(built_html)}: {url} (no {path})")
+            elif anchor and f'id="{anchor}"' not in target.read_text(encoding="utf-8"):
+                broken.append(f"{page.relative_to(built_html)}: {url} (no id {anchor!r} on {path})")
+    assert not broken, "links into the website that do not resolve:\n" + "\n".join(sorted(broken))

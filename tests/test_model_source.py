@@ -36,3 +36,46 @@ def test_shipped_name_resolves_to_package_dir(monkeypatch, tiny_model_dir):
     monkeypatch.setattr(model_source, "PACKAGE_MODELS_DIR", tiny_model_dir.parent)
     monkeypatch.setitem(model_source.SHIPPED_MODELS, "tiny", tiny_model_dir.name)
     assert resolve_model("tiny") == tiny_model_dir
+
+
+# Kaggle mounts the models attached to a notebook under /kaggle/input, in one of two layouts.
+HANDLE = "qwen-lm/qwen2.5/transformers/0.5b-instruct"
+
+
+def _model_at(path):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_kaggle_models_in_the_documented_layout(tmp_path):
+    mounted = _model_at(tmp_path / "qwen2.5" / "transformers" / "0.5b-instruct" / "1")
+    assert model_source.find_kaggle_model(HANDLE, tmp_path) == mounted
+    assert model_source.find_kaggle_model(HANDLE + "/1", tmp_path) == mounted
+    assert model_source.find_kaggle_model(HANDLE + "/2", tmp_path) is None
+    assert model_source.find_kaggle_model("qwen-lm/qwen2.5/transformers/1.5b-instruct", tmp_path) is None
+
+
+def test_kaggle_models_under_models_owner_highest_version_any_case_one_subfolder(tmp_path):
+    variation = tmp_path / "models" / "qwen-lm" / "Qwen2.5" / "Transformers" / "0.5b-instruct"
+    _model_at(variation / "2")
+    newest = _model_at(variation / "10" / "Qwen2.5-0.5B-Instruct")  # the files one folder down
+    (variation / "11").mkdir()  # a version without a model in it is passed over
+    assert model_source.find_kaggle_model(HANDLE, tmp_path) == newest
+    assert model_source.find_kaggle_model(HANDLE + "/2", tmp_path) == variation / "2"
+    _model_at(variation / "12" / "a")
+    _model_at(variation / "12" / "b")  # two candidates: ambiguous, so not taken
+    assert model_source.find_kaggle_model(HANDLE, tmp_path) == newest
+    assert model_source.find_kaggle_model(HANDLE, tmp_path / "nothing-mounted") is None
+
+
+def test_kaggle_models_under_two_spellings_of_one_framework(tmp_path):
+    _model_at(tmp_path / "models" / "qwen-lm" / "qwen2.5" / "Transformers" / "7b-instruct" / "1")
+    mounted = _model_at(tmp_path / "models" / "qwen-lm" / "qwen2.5" / "transformers" / "0.5b-instruct" / "1")
+    assert model_source.find_kaggle_model(HANDLE, tmp_path) == mounted
+
+
+def test_a_kaggle_handle_has_four_or_five_parts():
+    for bad in ("qwen-lm/qwen2.5", "a/b/c/d/e/f", "a//c/d"):
+        with pytest.raises(ValueError, match="owner/model/framework/variation"):
+            model_source.find_kaggle_model(bad)

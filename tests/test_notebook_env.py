@@ -439,3 +439,15 @@ def test_glue_writes_what_myst_nb_writes_with_or_without_it(monkeypatch: pytest.
     notebook_env.glue("speedup", torch.tensor(1.25))
     notebook_env.glue("label", "1.1x")
     assert displayed[2:] == displayed[:2], "the fallback writes exactly MyST-NB's output"
+
+
+def test_wheel_addresses_in_the_book_name_this_version() -> None:
+    pages = [*(ROOT / "book").glob("*.md"), ROOT / "README.md"]
+    found = {
+        (page.name, version)
+        for page in pages
+        for version in re.findall(r"wheels/mini_infer-([^-\s]+)-py3-none-any\.whl", page.read_text(encoding="utf-8"))
+    }
+    assert found, "the book shows the release wheel's address somewhere (how_to_use.md's nbgrader set-up)"
+    stale = sorted(f"{name}: {version}" for name, version in found if version != mini_infer.__version__)
+    assert not stale, f"wheel addresses of another version than {mini_infer.__version__}: {stale}"

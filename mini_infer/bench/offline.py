@@ -72,6 +72,8 @@ class Bench:
             max_num_seqs=args.max_num_seqs,
             enable_prefix_caching=False,  # random prompts share nothing; keep the comparison plain
             enforce_eager=args.enforce_eager,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            generation_config="vllm",  # greedy as transformers' baseline, whatever the model's defaults
             show_progress=False,
         )
         config = self.llm.engine.model_config
@@ -273,6 +275,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-repeats", type=int, default=1, help="timed runs of the baseline per workload (median)")
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
     parser.add_argument("--enforce-eager", action="store_true", help="on CUDA, no CUDA graphs for decode steps")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="on CUDA, the engine's share of the card; leave room for transformers' copy (a 15 GB T4: 0.6)",
+    )
     parser.add_argument(
         "--tensor-parallel-size",
         type=int,

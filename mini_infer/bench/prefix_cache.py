@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching,
             seed=args.seed,
+            generation_config="vllm",  # plain greedy prefills, whatever the model's defaults
             show_progress=False,
         )
 

@@ -125,8 +125,15 @@ def run(args: argparse.Namespace) -> int:
         speculation: dict[str, Any] = (
             {} if draft_k is None else {"draft_model": args.draft_model, "num_speculative_tokens": draft_k}
         )
+        # generation_config="vllm": a real model's repetition penalty would leave every request without drafts.
         return LLM(
-            args.model, dtype=dtype, device=device, enable_prefix_caching=False, show_progress=False, **speculation
+            args.model,
+            dtype=dtype,
+            device=device,
+            enable_prefix_caching=False,
+            generation_config="vllm",
+            show_progress=False,
+            **speculation,
         )
 
     print(

@@ -59,19 +59,23 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
         raise ValueError(f"block_size must be positive, got {block_size}")
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    # student: begin chapter 04: ceil(num_tokens / block_size)
     return -(-num_tokens // block_size)
+    # student: end
 
 
 def slot_mapping(block_table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
     """Pool slots of logical positions ``start, ..., end - 1`` of a sequence with this block table
     (the slot mapping of a chunk): position ``p`` lives in ``block_table[p // block_size] *
     block_size + p % block_size``."""
+    # student: begin chapter 05: the pool slot of each position in [start, end), IndexError outside the table
     capacity = len(block_table) * block_size
     if not 0 <= start <= end <= capacity:
         raise IndexError(
             f"positions [{start}, {end}) are outside a table of {len(block_table)} blocks of {block_size} tokens"
         )
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+    # student: end
 
 
 def slot_for(block_table: Sequence[int], position: int, block_size: int) -> int:
@@ -103,6 +107,7 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` free blocks, each with reference count 1; all or nothing."""
+        # student: begin chapter 04: take n free blocks, reference count 1 each, all or nothing
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of blocks ({n})")
         if n > len(self._free):
@@ -115,9 +120,11 @@ class BlockPool:
         for block_id in block_ids:
             self._ref_counts[block_id] = 1
         return block_ids
+        # student: end
 
     def fork(self, block_ids: Iterable[int]) -> None:
         """Add one reference to each block (a new owner shares it); every block must be in use."""
+        # student: begin chapter 04: one more reference on each block in use; a bad id changes nothing
         ids = list(block_ids)
         # Check everything before changing anything, so a bad id leaves the pool as it was.
         for block_id in ids:
@@ -126,9 +133,11 @@ class BlockPool:
                 raise ValueError(f"cannot fork KV block {block_id}: it is free")
         for block_id in ids:
             self._ref_counts[block_id] += 1
+        # student: end
 
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block; a block whose count reaches 0 becomes free."""
+        # student: begin chapter 04: drop one reference per id; a block at 0 goes back on the free list
         ids = list(block_ids)
         # An id may appear more than once (an owner dropping two references), so compare the
         # number of drops against the count, again before changing anything.
@@ -145,6 +154,7 @@ class BlockPool:
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
                 self._free.append(block_id)
+        # student: end
 
     def ref_count(self, block_id: int) -> int:
         self._check_id(block_id)
@@ -190,6 +200,7 @@ class BlockTable:
 
     def ensure_capacity(self, pool: BlockPool, num_tokens: int) -> bool:
         """Grow the table so that ``num_tokens`` tokens fit; ``False``, unchanged, if the pool can't."""
+        # student: begin chapter 04: grow the table so num_tokens fit, or return False unchanged
         missing = num_blocks_for(num_tokens, pool.block_size) - len(self.block_ids)
         if missing <= 0:
             return True
@@ -197,19 +208,24 @@ class BlockTable:
             return False
         self.block_ids.extend(pool.allocate(missing))
         return True
+        # student: end
 
     def shrink(self, pool: BlockPool, num_tokens: int) -> None:
         """Give back the blocks beyond what ``num_tokens`` tokens need (speculative slots a
         step reserved but did not keep, chapter 10)."""
+        # student: begin chapter 04: give back the blocks beyond what num_tokens need
         keep = num_blocks_for(num_tokens, pool.block_size)
         if len(self.block_ids) > keep:
             pool.free(self.block_ids[keep:])
             del self.block_ids[keep:]
+        # student: end
 
     def release(self, pool: BlockPool) -> None:
         """Drop this table's reference on every block; shared blocks stay alive for their other owners."""
+        # student: begin chapter 04: drop the table's reference on every block and empty it
         pool.free(self.block_ids)
         self.block_ids = []
+        # student: end
 
     def slots(self, start: int, end: int, block_size: int) -> list[int]:
         """Pool slots of logical positions ``start, ..., end - 1`` (``slot_mapping`` of this table)."""

@@ -213,8 +213,10 @@ class PagedAttention:
         k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [Hkv, blocks, bs, D]
         # Write every new token's K/V into its slot first: a chunk then reads itself back
         # through the same blocks as its cached prefix.
+        # student: begin chapter 05: store each new token's K and V in its slot of this layer's pools
         k_pool[:, meta.block_of_slot, meta.offset_of_slot] = k.transpose(0, 1)
         v_pool[:, meta.block_of_slot, meta.offset_of_slot] = v.transpose(0, 1)
+        # student: end
         out = torch.empty_like(q)
         for span in meta.prefills:
             rows = slice(span.token_start, span.token_start + span.num_tokens)
@@ -263,12 +265,16 @@ def _pool_rows(block_ids: torch.Tensor, kv_heads: int, num_blocks: int) -> torch
     Gathering whole rows of that 2-D view is one contiguous copy per block, several times faster on
     CPU than ``index_select`` over the pool's second axis, and the result is still kv-heads outermost.
     """
+    # student: begin chapter 05: the rows of the [kv_heads * num_blocks, ...] view holding block_ids, head by head
     heads = torch.arange(kv_heads, device=block_ids.device)[:, None] * num_blocks
     return (heads + block_ids[None, :]).reshape(-1)
+    # student: end
 
 
 def _gather(pool: torch.Tensor, pool_rows: torch.Tensor) -> torch.Tensor:
     """The blocks at ``pool_rows`` (see ``_pool_rows``) of one layer's pool, as ``[kv_heads, blocks * bs, D]``."""
+    # student: begin chapter 05: gather the blocks at pool_rows as [kv_heads, blocks * block_size, D]
     kv_heads, num_blocks, block_size, head_dim = pool.shape
     rows = pool.view(kv_heads * num_blocks, block_size * head_dim).index_select(0, pool_rows)
     return rows.view(kv_heads, -1, head_dim)
+    # student: end

@@ -103,9 +103,11 @@ class RadixCache:
         prompt without its last token, so that at least one token is computed and yields logits.
         A node matched only in part is split where the match ends.
         """
+        # student: begin chapter 08: the longest cached prefix in whole blocks, marked as used
         path, num_tokens = self._descend(list(token_ids))
         self._touch(path)
         return PrefixMatch([b for node in path for b in node.block_ids], num_tokens)
+        # student: end
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
         """Cache ``token_ids`` (whole blocks, held in ``block_ids``); return the tokens newly cached.
@@ -113,6 +115,7 @@ class RadixCache:
         Pass only tokens whose KV is written, cut to whole blocks: for a finished sequence,
         every token but the last sampled one. The caller keeps its own references.
         """
+        # student: begin chapter 08: cache whole blocks of tokens under their prefix; return the tokens newly cached
         tokens, blocks = list(token_ids), list(block_ids)
         bs = self.block_size
         if len(tokens) != len(blocks) * bs:
@@ -139,11 +142,13 @@ class RadixCache:
             path.append(leaf)
         self._touch(path)
         return len(new_blocks) * bs
+        # student: end
 
     # -- eviction -----------------------------------------------------------------------------
 
     def evict(self, num_blocks: int) -> int:
         """Free up to ``num_blocks`` blocks held only by the tree, LRU leaves first; return how many."""
+        # student: begin chapter 08: free up to num_blocks blocks held only by the tree, LRU leaves first
         if num_blocks < 0:
             raise ValueError(f"cannot evict a negative number of blocks ({num_blocks})")
         bs = self.block_size
@@ -170,6 +175,7 @@ class RadixCache:
         self._held.difference_update(freed)
         self.pool.free(freed)
         return len(freed)
+        # student: end
 
     @property
     def num_cached_blocks(self) -> int:
@@ -258,6 +264,7 @@ class RadixCache:
         path covers exactly the matched blocks; without it (a dry run) that node is left out of
         the path, but its matched blocks still count in the tokens covered.
         """
+        # student: begin chapter 08: walk the tree along tokens in whole blocks, splitting a node matched in part
         bs = self.block_size
         tokens = tokens[: len(tokens) - len(tokens) % bs]  # a partial last block never matches
         node, path, pos = self._root, [], 0
@@ -283,9 +290,11 @@ class RadixCache:
             path.append(child)
             node = child
         return path, pos
+        # student: end
 
     def _split(self, node: _Node, num_blocks: int) -> _Node:
         """Cut ``node`` after ``num_blocks`` blocks; return the new upper node (``node`` keeps the rest)."""
+        # student: begin chapter 08: cut a node after num_blocks blocks; return the new upper node
         bs = self.block_size
         parent = node.parent
         assert parent is not None and 0 < num_blocks < len(node.block_ids)
@@ -298,6 +307,7 @@ class RadixCache:
         upper.children[tuple(node.token_ids[:bs])] = node
         parent.children[key] = upper  # same key: the first block did not change
         return upper
+        # student: end
 
     def _new_node(self, token_ids: list[int], block_ids: list[int], parent: _Node) -> _Node:
         node = _Node(node_id=self._next_id, token_ids=token_ids, block_ids=block_ids, parent=parent)

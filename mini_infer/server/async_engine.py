@@ -82,6 +82,7 @@ class EngineInfo:
     block_size: int
     num_kv_blocks: int
     prefix_caching: bool
+    sampling_defaults: dict[str, Any]  # the model's, for the fields a request leaves unset
 
 
 @dataclass(slots=True)
@@ -366,6 +367,7 @@ class AsyncEngine:
                 block_size=engine.pool.block_size,
                 num_kv_blocks=engine.pool.num_blocks,
                 prefix_caching=engine.prefix_cache is not None,
+                sampling_defaults=dict(engine.sampling_defaults),
             )
         except BaseException as exc:
             logger.exception("loading the model failed")

@@ -130,7 +130,8 @@ async def create_chat_completion(state: ServerState, request: Request, body: dic
     await state.check_request(req, info, parts)
     token_ids = await state.in_tokenizer_thread(_render, tokenizer, req, forced)
     prompt = _Prompt(token_ids, parse_tools=bool(req.tools) and req.tool_choice != "none", forced=forced)
-    max_tokens = resolve_max_tokens(info, len(token_ids), req.requested_max_tokens, None, prompt_param="messages")
+    default = info.sampling_defaults.get("max_tokens")  # the model's max_new_tokens, else the room left
+    max_tokens = resolve_max_tokens(info, len(token_ids), req.requested_max_tokens, default, prompt_param="messages")
     try:
         params = [
             req.sampling_params(max_tokens, req.num_logprobs, i, info.vocab_size, constraint)

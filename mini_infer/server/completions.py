@@ -62,9 +62,8 @@ async def create_completion(state: ServerState, request: Request, body: dict[str
     choices: list[Choice] = []
     for ids in prompt_ids:
         check_token_ids(ids, info, "prompt")
-        max_tokens = resolve_max_tokens(
-            info, len(ids), req.requested_max_tokens, OPENAI_COMPLETIONS_MAX_TOKENS, prompt_param="prompt"
-        )
+        default = info.sampling_defaults.get("max_tokens", OPENAI_COMPLETIONS_MAX_TOKENS)  # the model's, else OpenAI's
+        max_tokens = resolve_max_tokens(info, len(ids), req.requested_max_tokens, default, prompt_param="prompt")
         first = len(choices)
         for i in range(n):
             try:

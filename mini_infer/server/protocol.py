@@ -325,33 +325,42 @@ class _SamplingFields(_DropNullUnsupported):
         vocab_size: int,
         structured_outputs: StructuredOutputsParams | None = None,
     ) -> SamplingParams:
-        """The engine's parameters for one choice; each choice of a seeded request gets its own seed."""
-        seed = None if self.seed is None else (self.seed + choice) % 2**64
-        top_p = 1.0 if self.top_p is None else self.top_p
-        # Any top_p <= 1/V keeps only the most likely token (its probability is >= 1/V), so
-        # raising it to 1/V changes nothing, and keeps it from rounding to 0 in float32 (where
-        # the sampler's nucleus would be empty).
-        top_p = max(top_p, 1.0 / vocab_size)
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
-            min_p=self.min_p or 0.0,
-            seed=seed,
-            stop=self.stop,
-            stop_token_ids=list(self.stop_token_ids or []),
-            ignore_eos=bool(self.ignore_eos),
-            logprobs=logprobs,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            min_tokens=self.min_tokens or 0,
-            logit_bias={int(t): b for t, b in self.logit_bias.items()} if self.logit_bias else None,
-            skip_special_tokens=True if self.skip_special_tokens is None else self.skip_special_tokens,
-            include_stop_str_in_output=bool(self.include_stop_str_in_output),
-            structured_outputs=structured_outputs,
-        )
+        """The engine's parameters for one choice; each choice of a seeded request gets its own seed.
+        Only the fields the request sets are given: the engine fills the others with the model's
+        defaults (its generation config), then vLLM's, as vLLM's server does."""
+        given: dict[str, Any] = {
+            name: getattr(self, name) for name in _SAMPLING_FIELDS if getattr(self, name) is not None
+        }
+        if self.seed is not None:
+            given["seed"] = (self.seed + choice) % 2**64
+        if self.top_p is not None:
+            # Any top_p <= 1/V keeps only the most likely token (its probability is >= 1/V), so
+            # raising it to 1/V changes nothing, and keeps it from rounding to 0 in float32 (where
+            # the sampler's nucleus would be empty).
+            given["top_p"] = max(self.top_p, 1.0 / vocab_size)
+        if self.logit_bias:
+            given["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
+        if structured_outputs is not None:
+            given["structured_outputs"] = structured_outputs
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **given)
+
+
+# The request fields that are SamplingParams fields of the same name (seed, top_p and logit_bias
+# are adjusted above; max_tokens and logprobs are resolved by the endpoint).
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "min_p",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+)
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice

@@ -1,0 +1,83 @@
+"""``mini-infer course``: the student package, the grader and the mutation check (appendix).
+
+mini-infer course student OUT [--chapters 04-06]   write OUT/mini_infer with regions blanked
+mini-infer course grade 04 --package DIR [--json]  grade DIR/mini_infer on chapter 04's tests
+mini-infer course regions                          list every assignment region
+mini-infer course mutants 04 [--sample N] [--json] mutation score of chapter 04's graded tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _student(args: argparse.Namespace) -> int:
+    from mini_infer.course.student import write_student_package
+
+    regions = write_student_package(Path(args.out), args.chapters)
+    chapters = sorted({r.chapter for r in regions})
+    print(f"wrote {Path(args.out) / 'mini_infer'}: {len(regions)} regions blanked in chapters {chapters}")
+    print(f"what to write: {Path(args.out) / 'ASSIGNMENTS.md'}; tests: {Path(args.out) / 'tests'}")
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from mini_infer.course.grade import grade, parse_chapter
+
+    report = grade(parse_chapter(args.chapter), Path(args.package), timeout=args.timeout)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.format())
+    return 0
+
+
+def _regions(args: argparse.Namespace) -> int:
+    from mini_infer.course.regions import package_regions
+    from mini_infer.course.student import PACKAGE
+
+    for r in package_regions(PACKAGE):
+        print(f"chapter {r.chapter:02d}  {r.path}:{r.begin_line}  {r.function}: {r.task}")
+    return 0
+
+
+def _mutants(args: argparse.Namespace) -> int:
+    from mini_infer.course.grade import parse_chapter
+    from mini_infer.course.mutants import mutants, run_mutants, sample
+
+    chapter = parse_chapter(args.chapter)
+    every = mutants(chapter)
+    if not every:
+        raise ValueError(f"chapter {chapter:02d} has no assignment region")
+    chosen = sample(every, args.sample, args.seed)
+    killed = run_mutants(chapter, chosen)
+    survivors = [m.description for m, k in zip(chosen, killed) if not k]
+    result = {"chapter": chapter, "mutants": len(chosen), "killed": sum(killed), "survivors": survivors}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"chapter {chapter:02d}: {sum(killed)} / {len(chosen)} mutants killed")
+        for s in survivors:
+            print(f"  survived: {s}")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="course_command", required=True)
+    student = sub.add_parser("student", help="write the student package: the chosen chapters' regions blanked")
+    student.add_argument("out", help="an empty directory: OUT/mini_infer, OUT/tests, OUT/ASSIGNMENTS.md")
+    student.add_argument("--chapters", default=None, help="04, 04-06 or 02,04 (default: every chapter with regions)")
+    student.set_defaults(func=_student)
+    grade = sub.add_parser("grade", help="run a chapter's graded tests against DIR/mini_infer, print the points")
+    grade.add_argument("chapter", help="04 or 4")
+    grade.add_argument("--package", required=True, help="the directory that holds the mini_infer to grade")
+    grade.add_argument("--json", action="store_true", help="points, total and every test's result as JSON")
+    grade.add_argument("--timeout", type=float, default=600.0, help="seconds before the run counts as failed")
+    grade.set_defaults(func=_grade)
+    regions = sub.add_parser("regions", help="list every assignment region of the package")
+    regions.set_defaults(func=_regions)
+    mut = sub.add_parser("mutants", help="mutation score of a chapter's graded tests (mutants must lose points)")
+    mut.add_argument("chapter", help="04 or 4")
+    mut.add_argument("--sample", type=int, default=None, help="run a seeded sample of this many mutants")
+    mut.add_argument("--seed", type=int, default=0)
+    mut.add_argument("--json", action="store_true")
+    mut.set_defaults(func=_mutants)

@@ -1,0 +1,198 @@
+"""The grader: one chapter's graded tests against any copy of the package, in a subprocess (appendix).
+
+``grade(chapter, package_dir)`` runs ``mini_infer/course/graded/test_chapterNN.py`` (this
+package's copy: the student's own copy of the tests could have been edited) in a fresh Python
+whose ``mini_infer`` is ``package_dir/mini_infer``: ``PYTHONPATH`` points there, the tests run from
+a temporary folder (so neither the working directory nor pytest's rootdir can put another
+``mini_infer`` first), and the child checks ``mini_infer.__file__`` before any test runs.
+
+Each graded test carries ``@pytest.mark.points(n)``; a test earns its points when it passes.
+The possible total is read from the test file's source (``possible_points``), not from the run,
+so a package that does not even import still gets ``0 / total``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+GRADED = Path(__file__).parent / "graded"
+
+# The child's conftest: refuses to run against any other package, records each test's outcome.
+CHILD_CONFTEST = """
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+EXPECTED = Path(os.environ["MINI_INFER_GRADE_PACKAGE"]).resolve() / "mini_infer"
+RESULTS = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "points(n): what a graded test is worth")
+    import mini_infer
+
+    found = Path(mini_infer.__file__).resolve().parent
+    if found != EXPECTED:
+        raise pytest.UsageError(f"graded the wrong package: imported {found}, expected {EXPECTED}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("points")
+    points = marker.args[0] if marker else 0
+    entry = next((r for r in RESULTS if r["name"] == item.name), None)
+    if entry is None:
+        entry = {"name": item.name, "points": points, "result": "passed", "message": ""}
+        RESULTS.append(entry)
+    if report.failed or report.skipped:
+        if entry["result"] == "passed":
+            entry["result"] = "failed" if report.failed else "skipped"
+            text = str(report.longrepr) if report.longrepr else ""
+            entry["message"] = text.strip().splitlines()[-1][:300] if text.strip() else ""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    Path(os.environ["MINI_INFER_GRADE_RESULTS"]).write_text(json.dumps(RESULTS))
+"""
+
+
+@dataclass(slots=True)
+class TestResult:
+    name: str
+    points: int
+    result: str  # passed, failed, skipped, error
+    message: str = ""
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.result == "passed" else 0
+
+
+@dataclass(slots=True)
+class GradeReport:
+    chapter: int
+    package: str
+    tests: list[TestResult] = field(default_factory=list)
+    total: int = 0
+    error: str = ""  # why the run produced no per-test results (import error, timeout)
+
+    @property
+    def points(self) -> int:
+        return sum(t.earned for t in self.tests)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "chapter": self.chapter,
+            "package": self.package,
+            "points": self.points,
+            "total": self.total,
+            "error": self.error,
+            "tests": [{**asdict(t), "earned": t.earned} for t in self.tests],
+        }
+
+    def format(self) -> str:
+        lines = [f"chapter {self.chapter:02d}: {self.points} / {self.total} points  ({self.package})"]
+        for t in self.tests:
+            mark = "ok  " if t.result == "passed" else "FAIL"
+            detail = f"  {t.message}" if t.message and t.result != "passed" else ""
+            lines.append(f"  {mark} {t.earned}/{t.points}  {t.name}{detail}")
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        return "\n".join(lines)
+
+
+def graded_file(chapter: int) -> Path:
+    path = GRADED / f"test_chapter{chapter:02d}.py"
+    if not path.exists():
+        have = sorted(int(p.stem[-2:]) for p in GRADED.glob("test_chapter[0-9][0-9].py"))
+        raise ValueError(f"chapter {chapter:02d} has no graded tests; chapters with some: {have}")
+    return path
+
+
+def possible_points(source: str) -> dict[str, int]:
+    """Points per test function, times its cases when it is parametrized over a literal list."""
+    points = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test"):
+            continue
+        worth, cases = 0, 1
+        for deco in node.decorator_list:
+            if not isinstance(deco, ast.Call):
+                continue
+            name = ast.unparse(deco.func)
+            if name == "pytest.mark.points":
+                worth = ast.literal_eval(deco.args[0])
+            elif name == "pytest.mark.parametrize":
+                cases *= len(ast.literal_eval(deco.args[1]))
+        if worth <= 0:
+            raise ValueError(f"graded test {node.name} has no @pytest.mark.points(n)")
+        points[node.name] = worth * cases
+    return points
+
+
+def parse_chapter(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"chapter {text!r}: give a number such as 04 or 4") from None
+
+
+def child_environment(package_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(package_dir), *filter(None, [env.get("PYTHONPATH")])])
+    env["MINI_INFER_GRADE_PACKAGE"] = str(package_dir)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a mutant written within the same second must not reuse a .pyc
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def prepare_run_dir(work: Path, chapter: int) -> Path:
+    """``work`` set up for a run: the chapter's tests, the child's conftest, an empty pytest.ini."""
+    shutil.copyfile(graded_file(chapter), work / f"test_chapter{chapter:02d}.py")
+    (work / "conftest.py").write_text(CHILD_CONFTEST)
+    (work / "pytest.ini").write_text("[pytest]\n")
+    return work / f"test_chapter{chapter:02d}.py"
+
+
+def grade(chapter: int, package_dir: Path, timeout: float = 600.0) -> GradeReport:
+    """Run chapter ``chapter``'s graded tests against ``package_dir/mini_infer``."""
+    package_dir = package_dir.resolve()
+    if not (package_dir / "mini_infer" / "__init__.py").exists():
+        raise FileNotFoundError(f"{package_dir} holds no mini_infer package (expected {package_dir}/mini_infer)")
+    expected = possible_points(graded_file(chapter).read_text())
+    report = GradeReport(chapter, str(package_dir), total=sum(expected.values()))
+    with tempfile.TemporaryDirectory(prefix="mini-infer-grade-") as tmp:
+        work = Path(tmp)
+        tests = prepare_run_dir(work, chapter)
+        env = child_environment(package_dir)
+        env["MINI_INFER_GRADE_RESULTS"] = str(work / "results.json")
+        command = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "--rootdir", tmp]
+        command += ["-c", str(work / "pytest.ini")]
+        try:
+            run = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            report.error = f"the tests ran past {timeout:.0f} s (an endless loop?)"
+            run = None
+        results = work / "results.json"
+        if run is not None and results.exists():
+            report.tests = [TestResult(**r) for r in json.loads(results.read_text())]
+        if run is not None and not report.tests:
+            tail = (run.stdout + run.stderr).strip().splitlines()[-5:]
+            report.error = "no test ran: " + " | ".join(tail)
+    seen = {t.name.split("[")[0] for t in report.tests}
+    report.tests += [
+        TestResult(name, points, "error", "did not run") for name, points in expected.items() if name not in seen
+    ]
+    return report

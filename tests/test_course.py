@@ -1,0 +1,166 @@
+"""The student track's CI proofs (appendix): regions are well formed, the student package imports
+and lints, the reference earns every point, the blank package none, and mutants lose points.
+
+The mutation check here runs a seeded sample of each chapter's mutants (CI-sized); every mutant
+of a chapter: ``mini-infer course mutants 04`` (the report lists the survivors).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mini_infer
+from mini_infer.cli import main
+from mini_infer.course.grade import grade, graded_file, possible_points
+from mini_infer.course.mutants import mutants, run_mutants, sample
+from mini_infer.course.regions import RegionError, blank, find_regions, package_regions
+from mini_infer.course.student import graded_chapters, write_student_package
+
+PACKAGE = Path(mini_infer.__file__).parent
+REPO = PACKAGE.parent
+REGIONS = package_regions(PACKAGE)
+CHAPTERS = sorted({r.chapter for r in REGIONS})
+MUTANTS_PER_CHAPTER = 6
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("student")
+    write_student_package(out)
+    return out
+
+
+def test_every_chapter_the_issue_names_has_regions_and_graded_tests():
+    assert {2, 3, 4, 5, 8, 9, 10} <= set(CHAPTERS)
+    assert set(CHAPTERS) == graded_chapters()
+    for chapter in CHAPTERS:
+        assert sum(possible_points(graded_file(chapter).read_text()).values()) > 0
+
+
+SOURCE = '''
+def f(n):
+    """Doc."""
+    if n < 0:
+        raise ValueError(n)
+    # student: begin chapter 04: double n
+    m = n * 2
+    return m
+    # student: end
+
+
+def g(xs):
+    total = 0
+    # student: begin chapter 05: count
+    for x in xs:
+        total += x
+    return total
+    # student: end
+'''
+
+
+def test_regions_are_found_and_blanked_in_place():
+    regions = find_regions(SOURCE, "m.py")
+    assert [(r.function, r.chapter, r.task) for r in regions] == [("f", 4, "double n"), ("g", 5, "count")]
+    blanked = blank(SOURCE, regions)
+    assert 'raise NotImplementedError("chapter 04: double n")' in blanked and "m = n * 2" not in blanked
+    assert "raise ValueError(n)" in blanked  # code outside a region stays
+    again = find_regions(blanked, "m.py")  # the student's copy has the same regions, one line each
+    assert [(r.function, r.task) for r in again] == [(r.function, r.task) for r in regions]
+    assert [r.end_line - r.begin_line for r in again] == [2, 2]
+    namespace: dict = {}
+    exec(compile(blanked, "m.py", "exec"), namespace)
+    with pytest.raises(NotImplementedError, match="chapter 05: count"):
+        namespace["g"]([1])
+
+
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ("def f():\n    # student: begin chapter 04: x\n    return 1\n", "never ended"),
+        ("def f():\n    return 1\n    # student: end\n", "without a region"),
+        ("def f():\n    # student: begin chapter 4: x\n    return 1\n    # student: end\n", "unknown marker"),
+        ("# student: begin chapter 04: x\nA = 1\n# student: end\n", "inside a function"),
+        (
+            "def f():\n    # student: begin chapter 04: x\n    a = 1\n    # student: end\n    return a\n",
+            "binds \\['a'\\]",
+        ),
+        (
+            "def f(x):\n    # student: begin chapter 04: x\n    if x:\n        # student: end\n        return 1\n",
+            "indentation",
+        ),
+    ],
+)
+def test_bad_markers_are_refused_with_the_line(source, error):
+    with pytest.raises(RegionError, match=error):
+        find_regions(source, "m.py")
+
+
+def test_the_student_package_imports_lints_and_names_what_to_write(student: Path):
+    assert len(package_regions(student / "mini_infer")) == len(REGIONS)
+    code = (
+        "import mini_infer, mini_infer.engine_builder, mini_infer.speculative, mini_infer.kv.radix_cache;"
+        "print(mini_infer.__file__)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=student, capture_output=True, text=True, env={"PYTHONPATH": str(student)}
+    )
+    assert run.returncode == 0, run.stderr
+    assert Path(run.stdout.strip()).resolve() == (student / "mini_infer" / "__init__.py").resolve()
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    # Undefined names are what a careless blanking would leave; unused imports are expected.
+    lint = subprocess.run(
+        [ruff, "check", "--select", "F821,F823", str(student / "mini_infer")], capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout
+    text = (student / "mini_infer" / "kv" / "block_pool.py").read_text()
+    assert 'raise NotImplementedError("chapter 04: take n free blocks' in text
+    assert "self._free[-n:]" not in text
+    assert (student / "tests" / "test_chapter04.py").exists() and "## Chapter 04" in (
+        student / "ASSIGNMENTS.md"
+    ).read_text()
+
+
+def test_chapters_selects_what_is_blanked(tmp_path: Path):
+    blanked = write_student_package(tmp_path, "04-05")
+    assert {r.chapter for r in blanked} == {4, 5}
+    layers = (tmp_path / "mini_infer" / "layers.py").read_text()
+    assert layers == (PACKAGE / "layers.py").read_text()  # chapter 02 keeps the reference code
+    assert sorted(p.name for p in (tmp_path / "tests").glob("test_*.py")) == ["test_chapter04.py", "test_chapter05.py"]
+    with pytest.raises(FileExistsError):
+        write_student_package(tmp_path, "04")
+    with pytest.raises(ValueError, match="no assignment"):
+        write_student_package(tmp_path / "other", "07")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_reference_earns_every_point_and_the_blank_package_none(chapter: int, student: Path):
+    reference = grade(chapter, REPO)
+    assert reference.points == reference.total > 0, reference.format()
+    assert Path(reference.package) == REPO.resolve()
+    blank_report = grade(chapter, student)
+    assert blank_report.points == 0 and blank_report.total == reference.total, blank_report.format()
+    assert {t.name for t in blank_report.tests} == {t.name for t in reference.tests}
+
+
+def test_grade_command_json(capsys: pytest.CaptureFixture[str], student: Path):
+    assert main(["course", "grade", "10", "--package", str(student), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["points"] == 0 and report["total"] > 0
+    assert all({"name", "points", "result"} <= set(t) for t in report["tests"])
+    assert {t["result"] for t in report["tests"]} == {"failed"}
+    assert main(["course", "grade", "04", "--package", str(student / "nowhere")]) == 2
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_a_sample_of_mutants_loses_points(chapter: int):
+    every = mutants(chapter)
+    chosen = sample(every, MUTANTS_PER_CHAPTER, seed=chapter)
+    killed = run_mutants(chapter, chosen)
+    survivors = [m.description for m, k in zip(chosen, killed) if not k]
+    assert sum(killed) >= 0.8 * len(chosen), f"chapter {chapter:02d}: survivors {survivors}"

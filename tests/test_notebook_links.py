@@ -1,0 +1,113 @@
+"""Links inside the notebooks work where readers open them: Colab, Kaggle and the website.
+
+A notebook opened on Colab or Kaggle is a lone file, so a relative link such as
+``../book/setup.md`` or ``05_paged_attention.ipynb`` leads nowhere there. Links inside notebooks
+therefore use the website's absolute URLs, ``<html.baseurl>book/setup.html`` (``html.baseurl`` in
+``_config.yml``). This test refuses relative links and checks that every link into the website
+names a page the book builds from a file that exists; ``tests/test_book_site.py`` checks the same
+links, anchors included, in a built site.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# [text](target) and [text](target "title"); images ![..](..) included. Targets inside code spans
+# are not links, so code spans are removed first.
+LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def site_url() -> str:
+    return str(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["html"]["baseurl"])
+
+
+def toc_pages() -> set[str]:
+    """Every page of _toc.yml, as a path without suffix ('notebooks/05_paged_attention')."""
+    pages: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key in ("root", "file"):
+                if key in node:
+                    pages.add(str(node[key]).removesuffix(".md").removesuffix(".ipynb"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8")))
+    return pages
+
+
+def markdown_links(path: Path) -> list[str]:
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(CODE_SPAN.sub("", cell.source) for cell in nb.cells if cell.cell_type == "markdown")
+    return LINK.findall(text)
+
+
+def problems_of_link(target: str, base: str, pages: set[str]) -> str | None:
+    """Why ``target`` would not work on Colab, Kaggle or the website, or None when it does."""
+    if target.startswith("#") or target.startswith(("mailto:", "attachment:")):
+        return None  # same-notebook anchors and attachments travel with the notebook
+    if target.startswith(base):
+        page = target[len(base) :].split("#")[0]
+        if page in ("", "index.html"):
+            return None
+        if not page.endswith(".html"):
+            return f"{target}: a page of the website ends in .html"
+        stem = page.removesuffix(".html")
+        if stem not in pages:
+            return f"{target}: no page {stem} in _toc.yml"
+        if not any((ROOT / f"{stem}{suffix}").is_file() for suffix in (".md", ".ipynb")):
+            return f"{target}: neither {stem}.md nor {stem}.ipynb exists"
+        return None
+    if re.match(r"https?://", target):
+        return None  # another website
+    return f"{target}: relative links break on Colab and Kaggle; use {base}<page>.html"
+
+
+def test_problems_of_link_catches_each_kind_of_broken_link() -> None:
+    base = "https://example.org/course/"
+    pages = {"book/setup", "notebooks/05_paged_attention"}
+    assert problems_of_link("../book/setup.md", base, pages) is not None
+    assert problems_of_link("05_paged_attention.ipynb#slots", base, pages) is not None
+    assert problems_of_link(f"{base}book/nowhere.html", base, pages) is not None
+    assert problems_of_link(f"{base}book/setup.md", base, pages) is not None
+    assert problems_of_link(f"{base}book/setup.html#gpus", base, pages) is None
+    assert problems_of_link("https://arxiv.org/abs/2309.06180", base, pages) is None
+    assert problems_of_link("#exercises", base, pages) is None
+
+
+def test_link_pattern_reads_markdown_links() -> None:
+    text = 'See [a](../book/a.md), ![b](img.png "t") and `[c](not-a-link)` plus [d](<x.md>).'
+    assert LINK.findall(CODE_SPAN.sub("", text)) == ["../book/a.md", "img.png", "x.md"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_links_work_on_colab_kaggle_and_the_website(path: Path) -> None:
+    base, pages = site_url(), toc_pages()
+    problems = [p for target in markdown_links(path) if (p := problems_of_link(target, base, pages))]
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+def test_readme_badges_open_the_site_and_chapter_0_from_the_configured_places() -> None:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    repository = str(config["repository"]["url"]).rstrip("/")
+    blob = f"{repository}/blob/{config['repository'].get('branch', 'main')}/notebooks/00_welcome.ipynb"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = set(re.findall(r"\]\(([^)\s]+)\)", readme))  # badges nest an image in a link
+    assert site_url() in links, "README: the website badge must link html.baseurl"
+    assert f"https://colab.research.google.com/github/{blob.removeprefix('https://github.com/')}" in links
+    assert f"https://kaggle.com/kernels/welcome?src={blob}" in links
+    for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", readme):
+        if not image.startswith("http"):
+            assert (ROOT / image).is_file(), f"README shows {image}, which does not exist"
