@@ -1,13 +1,14 @@
 """servebench's client: the SSE parser, one streamed request, request bodies, /metrics (chapter 12).
 
-The requests go to an in-process ``httpx.MockTransport``: no socket, no server.
+The requests go to a small asyncio server on a socket of this process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -74,6 +75,12 @@ def test_sse_byte_by_byte_and_unterminated_end() -> None:
 
 
 # ------------------------------------------------------------------ one request
+# A server on a real socket of this process: ``handler`` gets the request (head and body) and
+# answers (status, content type, body pieces), sent with chunked encoding one piece at a time.
+Answer = tuple[int, str, list[bytes]]
+Handler = Callable[[dict[str, str], bytes], Answer]
+
+
 def sse(*objects: object) -> list[bytes]:
     return [f"data: {json.dumps(o) if not isinstance(o, str) else o}\n\n".encode() for o in objects]
 
@@ -88,30 +95,48 @@ def completion_chunks(pieces: list[str], usage: dict[str, object] | None) -> lis
     return sse(*chunks, *tail, "[DONE]")
 
 
+async def answer(handler: Handler, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:] if line)}
+    headers[":request-line"] = head[0]
+    body = await reader.readexactly(int(headers["content-length"]))
+    status, content_type, pieces = handler(headers, body)
+    writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n".encode())
+    for piece in pieces:
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await writer.drain()
+        await asyncio.sleep(0.001)
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
 def run_one(
-    handler: Callable[[httpx.Request], httpx.Response],
+    handler: Handler,
     request: BenchRequest | None = None,
     count_tokens: Callable[[str], int] | None = None,
     endpoint: str = "completions",
+    base_url: str | None = None,
 ) -> RequestRecord:
     request = request or BenchRequest(prompt="hi there", messages=None, prompt_len=None, output_len=3)
-    config = ClientConfig(base_url="http://test", endpoint=endpoint, model="m", api_key="secret", ignore_eos=True)
 
     async def go() -> RequestRecord:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await send_request(client, config, request, 7, count_tokens)
+        server = await asyncio.start_server(lambda r, w: answer(handler, r, w), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        url = base_url or f"http://127.0.0.1:{port}"
+        config = ClientConfig(base_url=url, endpoint=endpoint, model="m", api_key="secret", ignore_eos=True)
+        async with server, httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as client:
+            return await asyncio.wait_for(send_request(client, config, request, 7, count_tokens), 20)
 
     return asyncio.run(go())
 
 
-def streaming(chunks: list[bytes], status: int = 200) -> Callable[[httpx.Request], httpx.Response]:
-    async def body() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.headers["authorization"] == "Bearer secret"
-        return httpx.Response(status, content=body(), headers={"content-type": "text/event-stream"})
+def streaming(chunks: list[bytes], status: int = 200) -> Handler:
+    def handler(headers: dict[str, str], body: bytes) -> Answer:
+        assert headers["authorization"] == "Bearer secret"
+        assert headers[":request-line"] in ("POST /v1/completions HTTP/1.1", "POST /v1/chat/completions HTTP/1.1")
+        assert json.loads(body)["stream"] is True
+        return status, "text/event-stream", chunks
 
     return handler
 
@@ -148,11 +173,15 @@ def test_chat_stream_and_reasoning_content() -> None:
     assert record.success and len(record.chunk_times) == 2
 
 
+def plain(status: int, content_type: str, body: bytes) -> Handler:
+    return lambda headers, request_body: (status, content_type, [body])
+
+
 @pytest.mark.parametrize(
     ("handler", "message"),
     [
-        (lambda r: httpx.Response(500, json={"error": {"message": "out of memory"}}), "HTTP 500: out of memory"),
-        (lambda r: httpx.Response(400, text="no such field"), "HTTP 400: no such field"),
+        (plain(500, "application/json", b'{"error": {"message": "out of memory"}}'), "HTTP 500: out of memory"),
+        (plain(400, "text/plain", b"no such field"), "HTTP 400: no such field"),
         (
             streaming(sse({"choices": [{"text": "a"}]}, {"error": {"message": "engine died"}})),
             "error event: engine died",
@@ -162,7 +191,7 @@ def test_chat_stream_and_reasoning_content() -> None:
         (streaming([b"data: {not json\n\n"]), "not JSON in the stream"),
     ],
 )
-def test_failures_are_recorded_not_raised(handler: Callable[[httpx.Request], httpx.Response], message: str) -> None:
+def test_failures_are_recorded_not_raised(handler: Handler, message: str) -> None:
     record = run_one(handler)
     assert not record.success
     assert record.error.startswith(message)
@@ -170,11 +199,89 @@ def test_failures_are_recorded_not_raised(handler: Callable[[httpx.Request], htt
 
 
 def test_connection_error_is_recorded() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused")
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    record = run_one(streaming([]), base_url=f"http://127.0.0.1:{port}")
+    assert not record.success and record.error.startswith("ClientConnectorError: Cannot connect")
 
-    record = run_one(refuse)
-    assert not record.success and "ConnectError" in record.error
+
+def run_raw(reply: Callable[[asyncio.StreamWriter], Awaitable[None]], read_timeout: float = 5.0) -> RequestRecord:
+    """``send_request`` against a server that reads the request and writes whatever ``reply`` does."""
+    request = BenchRequest(prompt="hi", messages=None, prompt_len=None, output_len=3)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(int(length.split(b":")[1]))
+        await reply(writer)
+        await writer.drain()
+        writer.close()
+
+    async def go() -> RequestRecord:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        config = ClientConfig(base_url=f"http://127.0.0.1:{port}", endpoint="completions", model="m")
+        timeout = httpx.Timeout(5.0, read=read_timeout)
+        async with server, httpx.AsyncClient(timeout=timeout) as client:
+            return await asyncio.wait_for(send_request(client, config, request, 0), 20)
+
+    return asyncio.run(go())
+
+
+def writes(data: bytes) -> Callable[[asyncio.StreamWriter], Awaitable[None]]:
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+
+    return reply
+
+
+OK_CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+OK_LENGTH_10 = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 10\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "message"),
+    [
+        (OK_CHUNKED + b"zz\r\nhello\r\n0\r\n\r\n", "ClientResponseError", "chunk size"),  # not a chunk size
+        (OK_CHUNKED + b"30\r\ndata: {", "ClientPayloadError", "not completed"),  # closes inside a chunk
+        (OK_LENGTH_10 + b"data", "ClientPayloadError", "not completed"),  # closes 6 bytes before the end
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "ClientResponseError", "status line"),  # not HTTP at all
+        (b"", "ServerDisconnectedError", "disconnected"),  # closes without a response
+    ],
+)
+def test_malformed_cut_or_non_http_answers_are_recorded(data: bytes, error: str, message: str) -> None:
+    record = run_raw(writes(data))
+    assert not record.success and record.error.startswith(error + ": "), record.error
+    assert message in record.error.lower() and "\n" not in record.error, record.error
+    assert "400" not in record.error  # aiohttp's made-up status for what it cannot parse is left out
+    assert record.chunk_times == []
+
+
+def test_read_timeout_while_the_stream_stalls() -> None:
+    pieces = completion_chunks(["a", "b", "c", "d"], usage=None)
+
+    async def stall(writer: asyncio.StreamWriter) -> None:
+        writer.write(OK_CHUNKED)
+        for piece in pieces[:3]:  # three pieces 0.1 s apart: each wait is under the 0.3 s timeout
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # then nothing
+
+    record = run_raw(stall, read_timeout=0.3)
+    assert not record.success and "Timeout" in record.error, record.error
+    assert len(record.chunk_times) == 3  # the pieces before the stall were read, not timed out
+    assert 0.5 < record.end_time - record.send_time < 1.4  # 0.2 s of pieces, then the 0.3 s timeout
+
+
+def test_read_timeout_before_the_response_head() -> None:
+    async def silent(writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(1.5)
+
+    record = run_raw(silent, read_timeout=0.3)
+    assert not record.success and "Timeout" in record.error, record.error
+    assert record.end_time - record.send_time < 1.4
 
 
 def test_payloads() -> None:

@@ -6,12 +6,16 @@ produce, servebench asks what a user of the server sees: how long until the firs
 many requests per second the server sustains while keeping those within limits (goodput).
 
 * ``datasets``: random, shared-prefix and JSON-lines prompts, all seeded;
-* ``client``: one streaming request (SSE parsing, a timestamp per text chunk, usage);
+* ``client``: one streaming request (SSE parsing, a timestamp per text chunk, usage), read
+  with aiohttp (as SGLang's and vLLM's clients do), whose cost per token is small beside the
+  server's;
 * ``runner``: Poisson arrivals, a concurrency cap, warm-up, request-rate sweeps;
 * ``metrics``: every number, from the recorded timelines, in one pure function (definitions
   there; Little's law ties throughput, latency and concurrency together);
 * ``plots``: latency CDFs, curves against the request rate, comparisons;
-* ``cli``: ``servebench`` and ``mini-infer bench serve``.
+* ``cli``: ``servebench`` and ``mini-infer bench serve``;
+* ``peer``: servebench's figures beside SGLang's benchmark client on the same workload
+  (``scripts/compare_servebench.sh``).
 """
 
 from mini_infer.bench.serve.metrics import Distribution, Metrics, RequestRecord, compute_metrics

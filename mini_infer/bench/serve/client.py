@@ -13,6 +13,16 @@ event, lines starting with ``:`` are comments. The network may cut the stream an
 inside a line or a UTF-8 character, so ``SSEParser`` buffers bytes and decodes only whole
 lines. The stream ends with ``data: [DONE]``.
 
+The client's own time per token must stay small beside the server's, or it measures itself. The
+stream is read with aiohttp, as SGLang's and vLLM's benchmark clients read theirs, not with httpx
+(everywhere else in mini-infer): at request rate inf every streamed token is one chunk of the
+response, and through httpx each one passes h11's event machine, httpcore's and anyio's wrappers,
+about half of servebench's CPU time per chunk against a fake server streaming 10,000 chunks/s
+(its one core saturated and its TTFT grew with its own backlog); aiohttp parses HTTP in C.
+``iter_any`` hands over whatever has arrived, the parser splits it into lines in one pass, and
+every chunk in it is stamped with the time of that read: they arrived together (SGLang's and
+vLLM's clients stamp each line as they reach it, later only by their own work).
+
 Token counts come from the final ``usage`` chunk when the server sends one; otherwise the
 tokenizer counts the generated text, or, without a tokenizer, characters / 4 estimate it (the
 record says which).
@@ -20,13 +30,16 @@ record says which).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
+from aiohttp.http_exceptions import HttpProcessingError
 
 from mini_infer.bench.serve.datasets import BenchRequest
 from mini_infer.bench.serve.metrics import RequestRecord
@@ -56,20 +69,22 @@ class SSEParser:
         self._event = ""
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buffer += chunk
+        # Called for every network read, at saturation thousands of times a second: split with
+        # bytes methods (C loops), and take the usual "data: ..." line past the general case.
+        buffer = self._buffer + chunk
+        held = b""
+        if b"\r" in buffer:
+            if buffer.endswith(b"\r"):  # may be half of "\r\n": wait for the next byte
+                buffer, held = buffer[:-1], b"\r"
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, rest = buffer.split(b"\n")
+        self._buffer = rest + held
         events: list[SSEEvent] = []
-        while True:
-            cr, lf = self._buffer.find(b"\r"), self._buffer.find(b"\n")
-            ends = [i for i in (cr, lf) if i >= 0]
-            if not ends:
-                break
-            end = min(ends)
-            if end == cr and end == len(self._buffer) - 1:
-                break  # a "\r" at the very end may be half of "\r\n": wait for the next byte
-            width = 2 if self._buffer[end : end + 2] == b"\r\n" else 1
-            line = self._buffer[:end].decode("utf-8", errors="replace")
-            self._buffer = self._buffer[end + width :]
-            event = self._line(line)
+        for raw in lines:
+            if raw.startswith(b"data: "):
+                self._data.append(raw[6:].decode("utf-8", errors="replace"))
+                continue
+            event = self._line(raw.decode("utf-8", errors="replace"))
             if event is not None:
                 events.append(event)
         return events
@@ -168,6 +183,16 @@ def _chunk_text(obj: dict[str, Any]) -> tuple[str, bool]:
     return text, finished
 
 
+def _describe(error: BaseException) -> str:
+    # aiohttp reports a response it cannot parse with status 400, which the server never sent:
+    # keep only the parser's message (for a cut body, the one nested in ClientPayloadError).
+    if isinstance(error, aiohttp.ClientResponseError):
+        return error.message
+    if isinstance(error, aiohttp.ClientPayloadError) and isinstance(error.__cause__, HttpProcessingError):
+        return f"response body not completed: {error.__cause__.message}"
+    return str(error)
+
+
 def _prompt_text(request: BenchRequest) -> str:
     if request.prompt is not None:
         return request.prompt
@@ -181,8 +206,14 @@ async def send_request(
     index: int,
     count_tokens: Callable[[str], int] | None = None,
 ) -> RequestRecord:
-    """Send one streaming request and return its timeline; failures are recorded, not raised."""
-    payload = build_payload(config, request)
+    """Send one streaming request and return its timeline; failures are recorded, not raised.
+
+    The stream goes over an aiohttp session of its own, one connection per request as in
+    SGLang's client, not through ``client`` (httpx's per-chunk work was half of servebench's
+    time per token: see the module's docstring); ``client``'s connect timeout bounds the
+    connection and its read timeout each wait for bytes, the response's head included.
+    """
+    body = json.dumps(build_payload(config, request)).encode()
     record = RequestRecord(
         index=index, send_time=time.perf_counter(), end_time=0.0, requested_output_len=request.output_len
     )
@@ -195,18 +226,24 @@ async def send_request(
         record.end_time = time.perf_counter()
         return record
 
+    # total=None: a long answer is not a failure while bytes keep coming (httpx's semantics).
+    timeout = aiohttp.ClientTimeout(total=None, connect=client.timeout.connect, sock_read=client.timeout.read)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **config.headers()}
     try:
-        async with client.stream("POST", config.url, json=payload, headers=config.headers()) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode("utf-8", errors="replace")
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(config.url, data=body, headers=headers) as response,
+        ):
+            if response.status != 200:
+                detail = (await response.read()).decode("utf-8", errors="replace")
                 try:
-                    detail = _error_message(json.loads(body))
+                    detail = _error_message(json.loads(detail))
                 except json.JSONDecodeError:
-                    detail = body.strip()
-                return fail(f"HTTP {response.status_code}: {detail}")
+                    detail = detail.strip()
+                return fail(f"HTTP {response.status}: {detail}")
             parser = SSEParser()
-            stream = response.aiter_bytes()
-            async for raw in stream:
+            async for raw in response.content.iter_any():
+                # One time for everything in one network read: it arrived together.
                 now = time.perf_counter()
                 for event in parser.feed(raw):
                     if event.data.strip() == "[DONE]":
@@ -235,8 +272,11 @@ async def send_request(
                         done = True
                     elif event.event == "error":
                         return fail(f"error event: {event.data[:200]}")
-    except httpx.HTTPError as e:
-        return fail(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+    # ClientError: refused, not HTTP, a cut or malformed body; TimeoutError: connect or read
+    # timeout (aiohttp's timeout errors are both); OSError: anything from the socket itself.
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        message = " ".join(_describe(e).split())  # on one line
+        return fail(f"{type(e).__name__}: {message}" if message else type(e).__name__)
     except Exception as e:  # one odd response must not stop the whole benchmark
         return fail(f"{type(e).__name__}: {e}")
     record.end_time = time.perf_counter()

@@ -98,8 +98,10 @@ class RunResult:
 
 
 def http_client(max_concurrency: int | None, timeout_s: float) -> httpx.AsyncClient:
-    # httpx caps a client at 100 connections by default, which would quietly turn a run of
-    # 200 simultaneous requests into 100 plus a hidden queue; allow one connection per slot.
+    # The streams go over aiohttp, a session each (client.send_request), which takes only the
+    # timeouts from this client; it carries GET /v1/models and /metrics itself. httpx caps a
+    # client at 100 connections by default, a hidden queue for anything sent through it per
+    # request; allow one connection per slot.
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)))
 
