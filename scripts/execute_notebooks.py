@@ -32,6 +32,7 @@ import ipykernel.kernelspec
 import nbformat
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat import NotebookNode
@@ -98,7 +99,14 @@ def execute(
         shutdown_kernel="immediate",
         resources={"metadata": {"path": str(cwd)}},
     )
-    client.execute(env=dict(env if env is not None else kernel_environment()))
+    try:
+        client.execute(env=dict(env if env is not None else kernel_environment()))
+    finally:
+        # nbclient shuts down only kernels whose manager it made itself; this one is ours. Without
+        # this, every executed notebook leaves its kernel (and all it allocated) alive until the
+        # script ends, and a run over all chapters runs out of memory.
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
     return nb
 
 
