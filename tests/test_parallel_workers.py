@@ -195,20 +195,22 @@ def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error(tiny_model_dir
 
 def test_a_worker_killed_mid_generation_fails_the_engine_at_once(tiny_model_dir: Path) -> None:
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2, show_progress=False)
-    worker = _runner(llm).workers.processes[0]
-    outputs = llm.stream([1, 2, 3], SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True))
-    started = time.monotonic()
-    with pytest.raises(WorkerDiedError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
-        for i, _ in enumerate(outputs):
-            if i == 3:
-                worker.kill()
-    assert time.monotonic() - started < 30
-    with pytest.raises(WorkerDiedError):  # for good: the next request fails too, without waiting
-        llm.generate([[4, 5]], SamplingParams(max_tokens=2), use_tqdm=False)
-    with pytest.raises(WorkerDiedError):
-        llm.engine.check_health()
-    assert not llm.engine.has_unfinished_requests()
-    llm.close()
+    try:
+        worker = _runner(llm).workers.processes[0]
+        outputs = llm.stream([1, 2, 3], SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True))
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
+            for i, _ in enumerate(outputs):
+                if i == 3:
+                    worker.kill()
+        assert time.monotonic() - started < 30
+        with pytest.raises(WorkerDiedError):  # for good: the next request fails too, without waiting
+            llm.generate([[4, 5]], SamplingParams(max_tokens=2), use_tqdm=False)
+        with pytest.raises(WorkerDiedError):
+            llm.engine.check_health()
+        assert not llm.engine.has_unfinished_requests()
+    finally:
+        llm.close()  # even when an assertion failed: an open engine would fail the next tests' engines
     assert _all_ended([worker])
 
 

@@ -65,6 +65,7 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 STOP_TIMEOUT_S = 10.0  # how long a worker may take to leave after being told to stop
 WORKER_EXIT_GRACE_S = 1.0  # after a failed step, how long to wait for a worker's death to explain it
+WORKER_REAP_TIMEOUT_S = 10.0  # a worker seen exiting: how long to wait until its exit code can be read
 
 
 class WorkerDiedError(RuntimeError):
@@ -245,8 +246,13 @@ class Workers:
     def failed(self, exc: BaseException) -> WorkerDiedError:
         """Record a failure (a dead worker, if one explains it) and return the error to raise."""
         if self.error is None and self.processes:
-            # A killed worker's sockets close before it can be reaped: give it a moment to be seen dead.
-            wait([p.sentinel for p in self.processes], timeout=WORKER_EXIT_GRACE_S)
+            # A dying worker closes its sockets (our collective fails) and its sentinel pipe in the
+            # same moment, but becomes reapable (``is_alive`` False) only a little later, and on a
+            # busy machine "a little" can be long: wait for the sentinel, then for the exit itself.
+            ready = wait([p.sentinel for p in self.processes], timeout=WORKER_EXIT_GRACE_S)
+            for process in self.processes:
+                if process.sentinel in ready:
+                    process.join(WORKER_REAP_TIMEOUT_S)
         try:
             self.check()
         except WorkerDiedError as died:
