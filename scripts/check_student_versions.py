@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Check every chapter's exercises: the student version fails them, the instructor version passes.
+"""Check every chapter's exercises: the student version and wrong answers fail them, the instructor's pass.
 
     python scripts/check_student_versions.py                  # every chapter with exercises
     python scripts/check_student_versions.py notebooks/00_welcome.ipynb --jobs 1
@@ -11,7 +11,11 @@ cell even after an error, in a fresh kernel of this environment, with ``HF_HUB_O
   ``raise NotImplementedError()``, hidden tests removed): every graded test cell must FAIL, or a
   student could score points without writing anything;
 * the **instructor version** (the notebook as committed): every cell must run without error, so
-  in particular every graded test cell PASSES.
+  in particular every graded test cell PASSES;
+* the **wrong versions** (``wrong_answers.wrong_versions``: exercises answered with the plausible
+  wrong answers in ``tests/wrong_answers/<notebook stem>.py``): every graded cell of an exercise
+  answered wrongly must FAIL, or the exercise does not tell a right answer from a wrong one. Every
+  exercise needs at least one wrong answer.
 
 Prints one line per graded cell and exits non-zero on any violation.
 """
@@ -32,6 +36,8 @@ from nbformat import NotebookNode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from execute_notebooks import execute, find_notebooks, kernel_environment  # noqa: E402
 from make_student_versions import graded_cells, has_exercises, nbgrader_metadata, student_version  # noqa: E402
+from wrong_answers import load_wrong_answers, wrong_versions  # noqa: E402
+from wrong_answers import problems as wrong_answer_problems  # noqa: E402
 
 
 @dataclass
@@ -63,13 +69,17 @@ def check_notebook(path: Path, *, timeout: int, jobs: int) -> list[str]:
     """Run both versions of one notebook, print per-cell results, return the problems found."""
     instructor = nbformat.read(path, as_version=4)
     student = student_version(instructor)
+    answers = load_wrong_answers(path)
+    problems = wrong_answer_problems(instructor, answers, path.name)
+    wrong = wrong_versions(instructor, answers)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         student_future = pool.submit(run, student, path.parent, timeout, threads)
         instructor_future = pool.submit(run, instructor, path.parent, timeout, threads)
+        wrong_futures = [pool.submit(run, version.nb, path.parent, timeout, threads) for version in wrong]
         student_run, instructor_run = student_future.result(), instructor_future.result()
+        wrong_runs = [future.result() for future in wrong_futures]
 
-    problems: list[str] = []
     print(f"{path.name}: student run {student_run.seconds:.1f} s, instructor run {instructor_run.seconds:.1f} s")
     student_graded = {nbgrader_metadata(c)["grade_id"]: c for _, c in graded_cells(student_run.nb)}
     for index, cell in graded_cells(instructor_run.nb):
@@ -87,6 +97,17 @@ def check_notebook(path: Path, *, timeout: int, jobs: int) -> list[str]:
             problems.append(f"{path.name}: graded cell {grade_id} fails on the instructor version: {instructor_error}")
         if not ok_student:
             problems.append(f"{path.name}: graded cell {grade_id} passes on the student version")
+
+    for round_number, (version, wrong_run) in enumerate(zip(wrong, wrong_runs), start=1):
+        print(
+            f"  wrong answers, round {round_number} ({wrong_run.seconds:.1f} s): {', '.join(version.answered_wrongly)}"
+        )
+        errors = {nbgrader_metadata(c)["grade_id"]: cell_error(c) for _, c in graded_cells(wrong_run.nb)}
+        for grade_id in version.must_fail:
+            error = errors.get(grade_id)
+            print(f"    {grade_id}: " + (f"fails ({error})" if error is not None else "PASSES a wrong answer"))
+            if error is None:
+                problems.append(f"{path.name}: graded cell {grade_id} passes wrong answer {round_number}")
 
     # Any error in the instructor version is a broken chapter, graded cell or not.
     for index, cell in enumerate(instructor_run.nb.cells):
