@@ -83,16 +83,8 @@ def add_student_line(app: Sphinx, doctree: nodes.document, docname: str) -> None
     """Insert the "Student version" line after the "Run this chapter" line of a chapter page."""
     from kaggle_launch import launch_urls, notebook_path_in_repo, theme_options, warn_not_github
 
-    student, reason = student_version_of(app, docname)
-    if reason is not None:
-        LOGGER.warning(
-            "student_notebooks: %s has no current student version (%s): run %s and commit student/",
-            docname,
-            reason,
-            REGENERATE,
-            type="student_notebooks",
-        )
-    if student is None:
+    student, _ = student_version_of(app, docname)
+    if student is None:  # none needed, or a stale one, which publish() reports once per build
         return
     path_in_repo = student_path_in_repo(str(notebook_path_in_repo(app, docname)))
     links = launch_urls(theme_options(app), path_in_repo)
@@ -140,7 +132,17 @@ def publish(app: Sphinx, exception: Exception | None) -> None:
     out.mkdir(parents=True)
     published = 0
     for docname in sorted(app.env.all_docs):
-        student, _ = student_version_of(app, docname)  # add_student_line has warned about the others
+        # Every page, written in this build or not: an incremental build rewrites only changed
+        # pages, but a stale student version must fail every build until it is regenerated.
+        student, reason = student_version_of(app, docname)
+        if reason is not None:
+            LOGGER.warning(
+                "student_notebooks: %s has no current student version (%s): run %s and commit student/",
+                docname,
+                reason,
+                REGENERATE,
+                type="student_notebooks",
+            )
         if student is not None:
             shutil.copyfile(student, out / student.name)
             published += 1
