@@ -134,7 +134,9 @@ def stamped(student_path: Path, instructor: Path) -> str:
     student = nbformat.read(student_path, as_version=4)
     text = instructor.read_text(encoding="utf-8")
     student.metadata[STAMP_KEY] = {
-        "instructor_notebook": instructor.relative_to(ROOT).as_posix(),
+        "instructor_notebook": instructor.relative_to(ROOT).as_posix()
+        if instructor.is_relative_to(ROOT)
+        else instructor.name,
         "instructor_fingerprint": instructor_fingerprint(json.loads(text)),
         "generated_by": "scripts/make_student_versions.py (nbgrader generate_assignment); do not edit",
     }
