@@ -28,8 +28,10 @@ from mini_infer import LLM, SamplingParams
 from mini_infer.cli import main as cli_main
 from mini_infer.config import ModelConfig
 from mini_infer.engine_builder import EngineConfig
+from mini_infer.model_source import resolve_model
 from mini_infer.parallel.workers import TensorParallelRunner, WorkerDiedError, launch
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
+from mini_infer.tiny_corpus import TASKS, held_out_questions
 from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 from tests.server_checks import on_engine
 
@@ -124,6 +126,39 @@ def test_torchrun_starts_every_rank(tiny_model_dir: Path) -> None:
         ["hello world"], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False
     )
     assert json.loads(line)["token_ids"] == expected[0].token_ids
+
+
+def test_a_draft_runs_whole_on_rank_0_and_keeps_the_greedy_tokens() -> None:
+    # The shipped pair (a draft that learned the target's text, so that guesses are often kept),
+    # with a pool small enough to preempt and a budget that chunks the prompts.
+    chats = [[{"role": "user", "content": held_out_questions(task)[0].prompt}] for task in TASKS]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    options: dict[str, Any] = dict(
+        dtype="float32", num_kv_blocks=10, max_num_batched_tokens=13, generation_config="vllm", show_progress=False
+    )
+
+    def run(**extra: Any) -> tuple[list[list[int]], dict[str, int], LLM]:
+        with LLM("tiny", **options, **extra) as llm:
+            outputs = llm.chat(chats, params, use_tqdm=False)
+            assert_all_blocks_back(llm.engine)
+            return [o.token_ids for o in outputs], llm.stats(), llm
+
+    alone, _, _ = run()
+    one_rank, one_rank_stats, _ = run(draft_model="tiny-draft")
+    two_ranks, stats, llm = run(draft_model="tiny-draft", tensor_parallel_size=2)
+    assert two_ranks == one_rank == alone
+    assert stats == one_rank_stats  # the same schedule and the same verdicts, step for step
+    assert 0 < stats["num_accepted_draft_tokens"] < stats["num_draft_tokens"]
+    assert stats["num_preemptions"] > 0
+    # The target is split (rank 0 holds half its heads), the draft is whole, in a plain runner of
+    # rank 0, with a pool of the same block ids as the target's.
+    target, draft = _runner(llm), llm.engine.drafter.runner  # type: ignore[union-attr]
+    assert not isinstance(draft, TensorParallelRunner)
+    draft_config = ModelConfig.from_model_dir(resolve_model("tiny-draft"))
+    assert target.model.shard.num_attention_heads == target.model.config.num_attention_heads // 2
+    assert draft.model.shard.num_attention_heads == draft_config.num_attention_heads
+    assert draft.kv_cache.num_blocks == target.kv_cache.num_blocks == options["num_kv_blocks"]
+    assert _all_ended(target.workers.processes)
 
 
 @contextmanager
@@ -254,12 +289,10 @@ def test_what_cannot_work_is_refused_before_any_process_starts(
 ) -> None:
     with pytest.raises(ValueError, match=r"tensor_parallel_size=3 must divide num_attention_heads \(4\)"):
         LLM(str(tiny_model_dir), tensor_parallel_size=3, show_progress=False)
-    with pytest.raises(ValueError, match="draft model with tensor_parallel_size=2 is not supported"):
-        LLM(str(tiny_model_dir), tensor_parallel_size=2, draft_model="tiny-draft", show_progress=False)
 
     def start(device: str, **options: Any) -> None:
         config = EngineConfig(model=str(tiny_model_dir), tensor_parallel_size=2, **options)
-        launch(config, tiny_model_dir, torch.float16, torch.device(device), 2048)
+        launch(config, tiny_model_dir, None, torch.float16, torch.device(device), 2048)
 
     with pytest.raises(ValueError, match=r"CUDA graphs .* pass enforce_eager=True \(--enforce-eager\)"):
         start("cuda")
