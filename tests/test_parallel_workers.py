@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+import torch.distributed as dist
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.cli import main as cli_main
@@ -159,6 +161,49 @@ def test_a_draft_runs_whole_on_rank_0_and_keeps_the_greedy_tokens() -> None:
     assert draft.model.shard.num_attention_heads == draft_config.num_attention_heads
     assert draft.kv_cache.num_blocks == target.kv_cache.num_blocks == options["num_kv_blocks"]
     assert _all_ended(target.workers.processes)
+
+
+def test_torchrun_on_two_machines_simulated_on_this_one(tiny_model_dir: Path) -> None:
+    """Two torchrun processes, one per "machine" (``--nnodes 2``, a rank each), that meet at a c10d
+    rendezvous as separate machines would: each learns its rank from the rendezvous, not from a
+    shared launcher."""
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed, so no torchrun: nothing to simulate")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = ["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--num-kv-blocks", "64"]
+    argv += ["--prompt", "hello world", "--max-tokens", "8", "--json", "--tensor-parallel-size", "2"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
+            + ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+            + ["--rdzv-id", f"mini-infer-test-{port}", "-m", "mini_infer.parallel", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        for node in (0, 1)
+    ]
+    deadline = time.monotonic() + 60
+    results = []
+    try:
+        for node in nodes:
+            results.append(node.communicate(timeout=max(deadline - time.monotonic(), 1)))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.communicate()
+    for node, (_, stderr) in zip(nodes, results):
+        assert node.returncode == 0, stderr[-3000:]
+    # The rendezvous, not --node-rank, decides which machine holds rank 0: one of them prints.
+    (line,) = [line for stdout, _ in results for line in stdout.splitlines() if line.startswith("{")]
+    expected = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False).generate(
+        ["hello world"], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False
+    )
+    assert json.loads(line)["token_ids"] == expected[0].token_ids
 
 
 @contextmanager
