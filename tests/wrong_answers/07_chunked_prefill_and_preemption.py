@@ -1,50 +1,34 @@
 """Chapter 07's exercises answered wrongly, as a student plausibly would (see scripts/wrong_answers.py)."""
 
 WRONG_ANSWERS = {
-    "plan-chunks-solution": [
-        # Prefill chunks first, decodes after: a long prompt takes the budget and stalls the decodes.
+    "first-token-solution": [
+        # Floor division: a last chunk that is not full is not counted as a step.
         """
-plan = []
-for name, remaining in prefilling:
-    if budget == 0:
-        break
-    n = min(remaining, budget)
-    plan.append((name, n))
-    budget -= n
-for name in decoding:
-    if budget == 0:
-        break
-    plan.append((name, 1))
-    budget -= 1
-return plan
+room = budget - num_decoding
+if room <= 0:
+    raise ValueError(f"{num_decoding} decodes fill the budget of {budget} tokens")
+return prompt_len // room
 """,
-        # No chunking: every prefilling sequence gets all its remaining tokens, over the budget.
+        # Forgets the decodes: the prompt is given the whole budget.
         """
-plan = []
-for name in decoding:
-    if budget == 0:
-        break
-    plan.append((name, 1))
-    budget -= 1
-for name, remaining in prefilling:
-    if budget == 0:
-        break
-    plan.append((name, remaining))
-    budget -= remaining
-return plan
+if budget <= num_decoding:
+    raise ValueError(f"{num_decoding} decodes fill the budget of {budget} tokens")
+return -(-prompt_len // budget)
 """,
-        # A spent budget still lists the sequences that come after, with chunks of 0 tokens.
+        # One step too many: the first token is taken to come the step after the last chunk.
         """
-plan = [(name, 1) for name in decoding[:budget]]
-budget -= len(plan)
-for name, remaining in prefilling:
-    n = min(remaining, budget)
-    plan.append((name, n))
-    budget -= n
-return plan
+room = budget - num_decoding
+if room <= 0:
+    raise ValueError(f"{num_decoding} decodes fill the budget of {budget} tokens")
+return -(-prompt_len // room) + 1
 """,
-        # The notebook's helper runs the real Scheduler: the exercise asks for the rule itself.
-        "return package_plan(decoding, prefilling, budget)",
+        # No check of the room left: a full budget divides by zero, an overfull one gives a negative count.
+        """
+room = budget - num_decoding
+return -(-prompt_len // room)
+""",
+        # The notebook's helper runs the real Scheduler: the exercise asks for the count itself.
+        "return package_steps(prompt_len, num_decoding, budget)",
     ],
     "choose-victims-solution": [
         # The earliest arrival is preempted first instead of the latest.
