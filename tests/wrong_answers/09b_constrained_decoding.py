@@ -1,28 +1,26 @@
 """Chapter 09b's exercises answered wrongly, as a student plausibly would (see scripts/wrong_answers.py)."""
 
 WRONG_ANSWERS = {
-    "unpack-bitmask-solution": [
-        # Tests bit i with `word & (1 << i)` and `> 0`: in int32, 1 << 31 is negative, so token 31 of a word is lost.
+    "pack-bitmask-solution": [
+        # No padding: a vocabulary that is not a whole number of words cannot be viewed as words.
         """
-bits = torch.tensor([1 << i for i in range(32)], dtype=torch.int32)
-return ((words.unsqueeze(-1) & bits) > 0).flatten()[:vocab_size]
+words = (allowed.long().view(-1, 32) << torch.arange(32)).sum(dim=-1)
+return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 """,
-        # Bits read from the most significant end: token 0 is bit 31.
+        # Bits weighed from the most significant end: token 0 becomes bit 31.
         """
-shifts = torch.arange(31, -1, -1, dtype=torch.int32)
-return (((words.unsqueeze(-1) >> shifts) & 1) == 1).flatten()[:vocab_size]
+bits = torch.cat([allowed.long(), allowed.new_zeros(-len(allowed) % 32, dtype=torch.long)])
+words = (bits.view(-1, 32) << torch.arange(31, -1, -1)).sum(dim=-1)
+return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 """,
-        # Forgets to cut the padding of the last word: 32 entries per word.
+        # Clamps a word that does not fit an int32 instead of reading its top bit as the sign.
         """
-shifts = torch.arange(32, dtype=torch.int32)
-return (((words.unsqueeze(-1) >> shifts) & 1) == 1).flatten()
+bits = torch.cat([allowed.long(), allowed.new_zeros(-len(allowed) % 32, dtype=torch.long)])
+words = (bits.view(-1, 32) << torch.arange(32)).sum(dim=-1)
+return words.clamp(max=2**31 - 1).to(torch.int32)
 """,
-        # The package's apply_bitmask on a row of zeros: the exercise asks for the unpacking itself.
-        """
-logits = torch.zeros(1, vocab_size)
-apply_bitmask(logits, words[None])
-return torch.isfinite(logits[0])
-""",
+        # The package's token_bitmask: the exercise asks for the packing itself.
+        "return token_bitmask(allowed.nonzero().flatten().tolist(), len(allowed))",
     ],
     "choice-mask-solution": [
         # Never allows the end-of-turn tokens: a finished choice can never end.
