@@ -49,7 +49,7 @@ def _mutants(args: argparse.Namespace) -> int:
     if not every:
         raise ValueError(f"chapter {chapter:02d} has no assignment region")
     chosen = sample(every, args.sample, args.seed)
-    killed = run_mutants(chapter, chosen)
+    killed = run_mutants(chosen)
     survivors = [m.description for m, k in zip(chosen, killed) if not k]
     result = {"chapter": chapter, "mutants": len(chosen), "killed": sum(killed), "survivors": survivors}
     if args.json:

@@ -8,9 +8,10 @@ comparison flipped (``<``/``<=``, ``>``/``>=``, ``==``/``!=``), an integer const
 at least one point. A surviving mutant is either a gap in the tests or equivalent to the
 reference (no behaviour change); the report lists the survivors so a person can tell which.
 
-All mutants of a chapter run in one child process (torch is imported once), each file written,
-the package's modules purged and the tests run again with ``pytest.main``; a mutant that loops is
-stopped by an alarm after ``per_mutant_timeout`` seconds and counts as killed.
+All mutants given to ``run_mutants`` run in one child process (torch is imported once), whatever
+their chapters: each mutant's file written, the package's modules purged and its chapter's tests
+run again with ``pytest.main``; a mutant that loops is stopped by an alarm after
+``per_mutant_timeout`` seconds and counts as killed.
 
     mini-infer course mutants 04            every mutant of chapter 04's regions
     mini-infer course mutants 04 --sample 5 a seeded sample (what CI runs)
@@ -139,7 +140,7 @@ from pathlib import Path
 import pytest
 
 sys.dont_write_bytecode = True
-package, tests, jobs, timeout = Path(sys.argv[1]), sys.argv[2], json.loads(Path(sys.argv[3]).read_text()), int(sys.argv[4])
+package, jobs, timeout = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), int(sys.argv[3])
 
 def alarm(*_):
     raise TimeoutError("the mutant ran past its time (an endless loop?)")
@@ -154,7 +155,7 @@ for job in jobs:
         del sys.modules[name]
     signal.alarm(timeout)
     try:
-        code = pytest.main([tests, "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "-W", "ignore"])
+        code = pytest.main([job["tests"], "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "-W", "ignore"])
     except BaseException as exc:  # a timeout that escaped pytest, or a mutant that breaks the interpreter
         code = repr(exc)
     finally:
@@ -165,8 +166,9 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-def run_mutants(chapter: int, selected: list[Mutant], per_mutant_timeout: int = 60) -> list[bool]:
-    """Killed (True) or survived (False), per mutant in ``selected``."""
+def run_mutants(selected: list[Mutant], per_mutant_timeout: int = 60) -> list[bool]:
+    """Killed (True) or survived (False), per mutant in ``selected`` (each graded on its own
+    chapter's tests; mutants of several chapters share one child process)."""
     if not selected:
         return []
     with tempfile.TemporaryDirectory(prefix="mini-infer-mutants-") as tmp:
@@ -175,12 +177,13 @@ def run_mutants(chapter: int, selected: list[Mutant], per_mutant_timeout: int = 
         shutil.copytree(PACKAGE, copy_root / "mini_infer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         run_dir = work / "run"
         run_dir.mkdir()
-        tests = prepare_run_dir(run_dir, chapter)
-        (work / "jobs.json").write_text(json.dumps([{"path": m.region.path, "source": m.source} for m in selected]))
+        tests = {c: str(prepare_run_dir(run_dir, c)) for c in sorted({m.region.chapter for m in selected})}
+        jobs = [{"path": m.region.path, "source": m.source, "tests": tests[m.region.chapter]} for m in selected]
+        (work / "jobs.json").write_text(json.dumps(jobs))
         (work / "worker.py").write_text(WORKER)
         env = child_environment(copy_root)
         env["MINI_INFER_GRADE_RESULTS"] = str(work / "results.json")
-        command = [sys.executable, str(work / "worker.py"), str(copy_root), str(tests), str(work / "jobs.json")]
+        command = [sys.executable, str(work / "worker.py"), str(copy_root), str(work / "jobs.json")]
         run = subprocess.run(
             [*command, str(per_mutant_timeout)], cwd=run_dir, env=env, capture_output=True, text=True,
             timeout=per_mutant_timeout * len(selected) + 120,

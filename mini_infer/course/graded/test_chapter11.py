@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from mini_infer.outputs import RequestOutput
-from mini_infer.server.async_engine import EngineUnavailableError
+from mini_infer.server.async_engine import EngineState, EngineUnavailableError
 from mini_infer.server.completions import _CompletionCall
 from mini_infer.server.serving import merge_batch
 
@@ -212,7 +213,12 @@ def test_the_real_server_streams_what_it_answers_in_one_piece():
     config = ServerConfig(model="tiny", served_model_name="tiny", engine_kwargs=engine, show_progress=False)
     body = {"model": "tiny", "prompt": "the cache is", "max_tokens": 12, "temperature": 0, "n": 2, "echo": True}
     with BackgroundServer(build_app(config)) as server:
-        server.wait_ready(timeout=120)
+        engine = server.app.state.server.engine
+        deadline = time.monotonic() + 120
+        while engine.state is not EngineState.READY:  # a dead engine fails now, not after the timeout
+            assert engine.state is not EngineState.DEAD, engine.unavailable()
+            assert time.monotonic() < deadline, "the tiny model did not load within 120 s"
+            time.sleep(0.05)
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
             whole = http.post("/v1/completions", json=body).json()
             with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
