@@ -48,6 +48,28 @@ class Mutant:
     line: int
     description: str
     source: str  # the whole mutated file
+    site: tuple[str, str, str] = ("", "", "")  # function, original line (stripped), mutated expression
+
+    @property
+    def equivalent(self) -> str | None:
+        """Why this mutant changes no behaviour, when a person found it does not (else None)."""
+        return EQUIVALENT.get(self.site)
+
+
+# Mutants that change no behaviour: survivors of ``mini-infer course mutants NN``, each read and
+# found to behave exactly as the reference on every input, with the reason. They are left out of
+# the score ("mutants that change behaviour"); keyed by the original line's text, so that a
+# region whose code changes is judged again instead of inheriting an old verdict.
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("Scheduler.schedule", "n = min(seq.num_uncomputed_tokens, budget)", "min(budget, seq.num_uncomputed_tokens)"): (
+        "min of two ints is symmetric"
+    ),
+    (
+        "Scheduler._preempt",
+        "while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:",
+        "self.waiting[index].arrival <= seq.arrival",
+    ): "arrivals are unique (a counter), and the sequence being preempted is not in the waiting queue",
+}
 
 
 def _sites(region_nodes: list[ast.AST]) -> list[tuple[ast.AST, str, object]]:
@@ -119,7 +141,11 @@ def mutants(chapter: int, package: Path = PACKAGE) -> list[Mutant]:
                 assert isinstance(node, ast.UnaryOp)
                 mutated = _Replace(node).visit(mutated)
             line = getattr(node, "lineno", region.begin_line)
-            out.append(Mutant(region, line, f"{region.function} line {line}: {description}", ast.unparse(mutated)))
+            shown = node.operand if isinstance(node, ast.UnaryOp) else node
+            expression = ast.unparse(shown)
+            site = (region.function, source.splitlines()[line - 1].strip(), expression)
+            text = f"{region.function} line {line}: {description}: `{expression}`"
+            out.append(Mutant(region, line, text, ast.unparse(mutated), site))
     return out
 
 
@@ -192,6 +218,11 @@ def run_mutants(selected: list[Mutant], per_mutant_timeout: int = 60) -> list[bo
         if line is None:
             raise RuntimeError(f"the mutation worker failed: {(run.stdout + run.stderr)[-2000:]}")
         return list(json.loads(line.removeprefix("RESULTS ")))
+
+
+def behaviour_changing(chapter_mutants: list[Mutant]) -> list[Mutant]:
+    """The mutants not known to be equivalent to the reference (what the score counts)."""
+    return [m for m in chapter_mutants if m.equivalent is None]
 
 
 def sample(chapter_mutants: list[Mutant], size: int | None, seed: int = 0) -> list[Mutant]:

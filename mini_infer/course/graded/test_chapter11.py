@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mini_infer.outputs import RequestOutput
+from mini_infer.outputs import RequestOutput, TokenLogprob
 from mini_infer.server.async_engine import EngineState, EngineUnavailableError
 from mini_infer.server.completions import _CompletionCall
 from mini_infer.server.serving import merge_batch
@@ -69,11 +69,24 @@ class ScriptedStream:
         self.aborts += 1
 
 
-def completion_call(stream: ScriptedStream, include_usage: bool = False, echoes: list[str] | None = None) -> Any:
+class LetterTexts:
+    """Stands for the server's ``TokenTexts`` (which needs a tokenizer): token t reads as the letter
+    chr(97 + t), one character long."""
+
+    def completion_logprobs(self, entries: list[TokenLogprob], text_offset: int) -> tuple[dict[str, Any], int]:
+        tokens = [chr(97 + e.token_id) for e in entries]
+        offsets = list(range(text_offset, text_offset + len(tokens)))
+        body = {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "text_offset": offsets}
+        return body, text_offset + len(tokens)
+
+
+def completion_call(
+    stream: ScriptedStream, include_usage: bool = False, echoes: list[str] | None = None, texts: Any = None
+) -> Any:
     state = SimpleNamespace(model_name="graded-model", system_fingerprint="fp_graded")
     request = SimpleNamespace(include_usage=include_usage)
     n = len(stream.request_ids)
-    return _CompletionCall(state, request, stream, [[1, 2, 3]], n, "cmpl-1", None, echoes)  # type: ignore[arg-type]
+    return _CompletionCall(state, request, stream, [[1, 2, 3]], n, "cmpl-1", texts, echoes)  # type: ignore[arg-type]
 
 
 def events_of(call: Any, stop_after: int | None = None) -> list[str]:
@@ -165,6 +178,29 @@ def test_several_choices_each_get_their_index_and_their_own_end():
     parsed = parse(events_of(call))
     assert choices(parsed) == [(1, "x", None), (0, "p", None), (0, "q", "stop"), (1, "y", None), (1, "z", "length")]
     assert [f.text for f in call.finals] == ["pq", "xyz"]
+
+
+@pytest.mark.points(2)
+def test_logprobs_are_sent_with_the_chunk_of_their_tokens_each_once():
+    entries = [TokenLogprob(t, -0.5 * (t + 1)) for t in range(3)]
+
+    def with_logprobs(out: RequestOutput, count: int) -> RequestOutput:
+        out.logprobs = entries[:count]
+        return out
+
+    stream = ScriptedStream(
+        [
+            [(0, with_logprobs(output("r", "a", "a", [0]), 1))],
+            [(0, with_logprobs(output("r", "a", "", [1]), 2))],  # a token with no text yet: its logprob still goes
+            [(0, with_logprobs(output("r", "abc", "bc", [2], "length"), 3))],
+        ]
+    )
+    parsed = parse(events_of(completion_call(stream, texts=LetterTexts())))
+    assert choices(parsed) == [(0, "a", None), (0, "", None), (0, "bc", "length")]
+    sent = [chunk["choices"][0]["logprobs"] for chunk in parsed[:-1]]
+    assert [body["tokens"] for body in sent] == [["a"], ["b"], ["c"]]
+    assert [body["text_offset"] for body in sent] == [[0], [1], [2]]
+    assert [body["token_logprobs"] for body in sent] == [[-0.5], [-1.0], [-1.5]]
 
 
 @pytest.mark.points(1)
