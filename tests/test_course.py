@@ -12,6 +12,7 @@ one child) is checked by the command-line test and by the test that both paths a
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ import pytest
 import mini_infer
 from mini_infer.cli import main
 from mini_infer.course.grade import GradeReport, grade, grade_chapters, graded_file, possible_points
-from mini_infer.course.mutants import EQUIVALENT, behaviour_changing, mutants, run_mutants, sample
+from mini_infer.course.mutants import EQUIVALENT, Mutant, behaviour_changing, mutants, run_mutants, sample
 from mini_infer.course.regions import RegionError, blank, find_regions, package_regions
 from mini_infer.course.student import graded_chapters, write_student_package
 
@@ -32,6 +33,12 @@ REPO = PACKAGE.parent
 REGIONS = package_regions(PACKAGE)
 CHAPTERS = sorted({r.chapter for r in REGIONS})
 MUTANTS_PER_CHAPTER = 6
+
+
+@functools.cache
+def chapter_mutants(chapter: int) -> list[Mutant]:
+    """Every mutant of a chapter, made once per run (making them all takes seconds)."""
+    return mutants(chapter)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +63,8 @@ def sampled_mutants() -> dict[int, list[tuple[str, bool]]]:
     """Each chapter's seeded sample of the mutants that change behaviour, all graded in one child:
     (description, killed)."""
     chosen = {
-        chapter: sample(behaviour_changing(mutants(chapter)), MUTANTS_PER_CHAPTER, seed=chapter) for chapter in CHAPTERS
+        chapter: sample(behaviour_changing(chapter_mutants(chapter)), MUTANTS_PER_CHAPTER, seed=chapter)
+        for chapter in CHAPTERS
     }
     every = [m for chapter in CHAPTERS for m in chosen[chapter]]
     killed = iter(run_mutants(every))
@@ -203,13 +211,13 @@ def test_grade_command_json(capsys: pytest.CaptureFixture[str], student: Path):
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_a_sample_of_mutants_loses_points(chapter: int, sampled_mutants: dict[int, list[tuple[str, bool]]]):
     results = sampled_mutants[chapter]
-    assert len(results) == min(MUTANTS_PER_CHAPTER, len(behaviour_changing(mutants(chapter)))) > 0
+    assert len(results) == min(MUTANTS_PER_CHAPTER, len(behaviour_changing(chapter_mutants(chapter)))) > 0
     survivors = [description for description, killed in results if not killed]
     assert len(results) - len(survivors) >= 0.8 * len(results), f"chapter {chapter:02d}: survivors {survivors}"
 
 
 def test_every_mutant_marked_equivalent_is_one_the_mutator_makes():
     # A verdict whose line changed no longer matches any mutant: it must be judged again, not kept.
-    sites = {m.site for chapter in CHAPTERS for m in mutants(chapter)}
+    sites = {m.site for chapter in CHAPTERS for m in chapter_mutants(chapter)}
     assert set(EQUIVALENT) <= sites, sorted(set(EQUIVALENT) - sites)
     assert all(reason.strip() for reason in EQUIVALENT.values())

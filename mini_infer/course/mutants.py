@@ -150,14 +150,10 @@ def mutants(chapter: int, package: Path = PACKAGE) -> list[Mutant]:
 
 
 def _region_statements(tree: ast.AST, region: Region) -> list[ast.AST]:
-    return [
-        n for n in ast.walk(tree) if isinstance(n, ast.stmt) and region.begin_line < n.lineno < region.end_line
-        and not any(  # outermost statements only
-            isinstance(p, ast.stmt) and p is not n and region.begin_line < p.lineno < region.end_line
-            and any(c is n for c in ast.walk(p))
-            for p in ast.walk(tree)
-        )
-    ]  # fmt: skip
+    """The region's outermost statements, in ``ast.walk`` order."""
+    inside = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and region.begin_line < n.lineno < region.end_line]
+    nested = {id(child) for n in inside for child in ast.walk(n) if child is not n}
+    return [n for n in inside if id(n) not in nested]
 
 
 WORKER = r"""
