@@ -10,6 +10,9 @@ gets:
 * every formula typeset by MathJax (a page whose MathJax fails shows raw ``\\(`` TeX);
 * the Colab and Kaggle launch links on every chapter, derived from ``repository.url`` in
   ``_config.yml``, and none on the prose pages;
+* a "Student version" line on every chapter with exercises, whose Colab and Kaggle links open
+  ``student/<chapter>.ipynb`` and whose download link is the site's copy of it; that notebook (on
+  the site and in the repository, where Colab reads it) shows no solution;
 * every interactive widget has a static figure in the same cell, because the website has no
   kernel and the widgets' JavaScript comes from a CDN that may not load;
 * a screenshot of the top of every page, kept in ``$MINI_INFER_SITE_SCREENSHOTS`` when set (the
@@ -41,8 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 import yaml
+
+from tests.test_student_notebooks import leaked_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 BROWSERS = ["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"]
@@ -86,6 +92,18 @@ def expected_links(page: str) -> tuple[str, str]:
         f"{colab}/github/{blob.removeprefix('https://github.com/')}",
         f"https://kaggle.com/kernels/welcome?src={blob}",
     )
+
+
+def expected_student_links(page: str) -> tuple[str, str]:
+    """The student version's Colab and Kaggle links: the chapter's links, in ``student/``."""
+    colab, kaggle = expected_links(page)
+    student = f"/student/{page.rsplit('/', 1)[-1]}.ipynb"
+    return colab.replace(f"/{page}.ipynb", student), kaggle.replace(f"/{page}.ipynb", student)
+
+
+def has_exercises(page: str) -> bool:
+    cells = nbformat.read(ROOT / f"{page}.ipynb", as_version=4).cells
+    return any("nbgrader" in cell.get("metadata", {}) for cell in cells)
 
 
 def mathjax_dir() -> Path | None:
@@ -138,7 +156,9 @@ READ_PAGE = """() => {
     rawTex: [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')
         && /\\\\\\(|\\\\\\[|\\$\\$/.test(m.textContent)).length,
     mathjaxError: document.querySelectorAll('mjx-merror').length,
-    runLine: [...document.querySelectorAll('.mi-run-line a')].map(a => a.href),
+    runLine: [...document.querySelectorAll('.mi-run-line:not(.mi-student-line) a')].map(a => a.href),
+    studentLine: [...document.querySelectorAll('.mi-student-line a')].map(a => a.href),
+    studentLineText: [...document.querySelectorAll('.mi-student-line')].map(p => p.innerText).join(' '),
     launchMenu: [...document.querySelectorAll('.dropdown-launch-buttons a')].map(a => a.href),
     codeCells: document.querySelectorAll('div.cell_input').length,
     outputs: document.querySelectorAll('div.cell_output').length,
@@ -269,10 +289,36 @@ def test_chapter_has_colab_and_kaggle_links(visits: dict[str, PageVisit], page: 
     assert colab in facts["launchMenu"] and kaggle in facts["launchMenu"], f"{page}: launch menu {facts}"
 
 
+@pytest.mark.parametrize("page", [page for page in CHAPTERS if has_exercises(page)])
+def test_chapter_has_student_version_links(visits: dict[str, PageVisit], built_html: Path, page: str) -> None:
+    colab, kaggle = expected_student_links(page)
+    facts = visits[page].facts
+    assert "Student version" in facts["studentLineText"], f"{page}: no visible 'Student version' line"
+    assert colab in facts["studentLine"] and kaggle in facts["studentLine"], f"{page}: student line {facts}"
+    assert colab not in facts["runLine"], f"{page}: the 'Run this chapter' line must open the instructor notebook"
+    site_copy = built_html / "student" / f"{page.rsplit('/', 1)[-1]}.ipynb"
+    assert site_copy.as_uri() in facts["studentLine"], f"{page}: no download link to {site_copy}"
+
+
+@pytest.mark.parametrize("page", [page for page in CHAPTERS if has_exercises(page)])
+def test_linked_student_notebook_has_no_solutions(built_html: Path, page: str) -> None:
+    colab, _ = expected_student_links(page)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    path_in_repo = colab.split(f"/blob/{config['repository'].get('branch', 'main')}/", 1)[1]
+    in_repo = ROOT / path_in_repo  # what GitHub serves Colab and Kaggle once this commit is pushed
+    on_site = built_html / "student" / Path(path_in_repo).name
+    assert on_site.read_bytes() == in_repo.read_bytes(), f"{page}: the site's student notebook differs from {in_repo}"
+    instructor = nbformat.read(ROOT / f"{page}.ipynb", as_version=4)
+    student = nbformat.read(on_site, as_version=4)
+    assert any(c.get("metadata", {}).get("nbgrader", {}).get("grade") for c in student.cells), f"{page}: no exercises"
+    assert not leaked_solutions(instructor, student)
+
+
 @pytest.mark.parametrize("page", [page for page in PAGES if page not in CHAPTERS])
 def test_prose_page_has_no_notebook_launch_links(visits: dict[str, PageVisit], page: str) -> None:
     facts = visits[page].facts
     assert not facts["runLine"], f"{page} is not a notebook but has a 'Run this chapter' line"
+    assert not facts["studentLine"], f"{page} is not a notebook but has a 'Student version' line"
     assert not any("kaggle.com/kernels" in href for href in facts["launchMenu"])
 
 

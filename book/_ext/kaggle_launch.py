@@ -18,6 +18,7 @@ Only ``.ipynb`` pages get links: Colab and Kaggle open notebooks, not Markdown p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ KAGGLE_WELCOME = "https://kaggle.com/kernels/welcome?src="
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
-def _theme_options(app: Sphinx) -> dict[str, Any]:
+def theme_options(app: Sphinx) -> dict[str, Any]:
     return dict(app.config.html_theme_options or {})
 
 
@@ -42,12 +43,12 @@ def notebook_path_in_repo(app: Sphinx, docname: str) -> str | None:
     if source.suffix != ".ipynb":
         return None
     relative = source.relative_to(Path(app.srcdir)).as_posix()
-    book_dir = str(_theme_options(app).get("path_to_docs", "")).strip("/")
+    book_dir = str(theme_options(app).get("path_to_docs", "")).strip("/")
     return f"{book_dir}/{relative}" if book_dir else relative
 
 
-def github_blob_url(app: Sphinx, path_in_repo: str) -> str | None:
-    options = _theme_options(app)
+def github_blob_url(options: Mapping[str, Any], path_in_repo: str) -> str | None:
+    """The file's page on GitHub, from the theme options; None when the repository is not on GitHub."""
     repository = str(options.get("repository_url", "")).rstrip("/")
     if repository.endswith(".git"):
         repository = repository[: -len(".git")]
@@ -61,12 +62,32 @@ def kaggle_url(blob_url: str) -> str:
     return KAGGLE_WELCOME + blob_url
 
 
-def colab_url(app: Sphinx, blob_url: str) -> str | None:
-    launch = _theme_options(app).get("launch_buttons", {}) or {}
+def colab_url(options: Mapping[str, Any], blob_url: str) -> str | None:
+    launch = options.get("launch_buttons", {}) or {}
     colab = str(launch.get("colab_url", "")).rstrip("/")
     if not colab:
         return None
     return colab + "/github/" + blob_url.removeprefix("https://github.com/")
+
+
+def launch_urls(options: Mapping[str, Any], path_in_repo: str) -> tuple[str | None, str] | None:
+    """(Colab URL or None, Kaggle URL) that open the repository's notebook ``path_in_repo``.
+
+    ``options`` are the theme options Jupyter Book makes of ``_config.yml`` (``repository_url``,
+    ``repository_branch``, ``launch_buttons``); None when the repository is not on GitHub.
+    ``book/_ext/student_notebooks.py`` builds the student versions' links with it too.
+    """
+    blob = github_blob_url(options, path_in_repo)
+    if blob is None:
+        return None
+    return colab_url(options, blob), kaggle_url(blob)
+
+
+def warn_not_github() -> None:
+    LOGGER.warning(
+        "kaggle_launch: repository.url in _config.yml must be a https://github.com/ URL for Colab and Kaggle links",
+        type="kaggle_launch",
+    )
 
 
 def _links(app: Sphinx, docname: str) -> tuple[str | None, str] | None:
@@ -74,15 +95,10 @@ def _links(app: Sphinx, docname: str) -> tuple[str | None, str] | None:
     path = notebook_path_in_repo(app, docname)
     if path is None:
         return None
-    blob = github_blob_url(app, path)
-    if blob is None:
-        LOGGER.warning(
-            "kaggle_launch: repository.url in _config.yml must be a https://github.com/ URL "
-            "for Colab and Kaggle links",
-            type="kaggle_launch",
-        )
-        return None
-    return colab_url(app, blob), kaggle_url(blob)
+    links = launch_urls(theme_options(app), path)
+    if links is None:
+        warn_not_github()
+    return links
 
 
 def add_run_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
@@ -110,9 +126,7 @@ def add_run_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     section.insert(1, nodes.raw("", "".join(parts), format="html"))
 
 
-def add_launch_menu_entry(
-    app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
-) -> None:
+def add_launch_menu_entry(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
     """Append Kaggle to the theme's launch menu (sphinx-book-theme builds it at priority 501)."""
     if pagename not in app.env.all_docs:
         return
