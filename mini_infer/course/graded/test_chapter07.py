@@ -117,6 +117,23 @@ def test_the_waiting_queue_stays_in_arrival_order():
 
 
 @pytest.mark.points(2)
+def test_a_victim_goes_back_behind_earlier_arrivals_still_waiting():
+    for later in (False, True):
+        scheduler = make(num_blocks=5)
+        parent = add(scheduler, "p", list(range(10)), max_tokens=6)
+        fork = Sequence("q", list(range(10)), SamplingParams(max_tokens=6), arrival=next(ARRIVALS), parent=parent)
+        scheduler.add(fork)  # waits until its parent's prompt is computed, then finds no room
+        add(scheduler, "r", list(range(7)), max_tokens=6)
+        if later:
+            add(scheduler, "u", [1], max_tokens=2)  # arrived last, waits behind q
+        assert step(scheduler) == ([("p", 10), ("r", 7)], [])
+        assert step(scheduler) == ([("p", 1), ("r", 1)], [])
+        assert step(scheduler) == ([("p", 1)], ["r"])
+        # r goes behind the fork, which arrived before it, and before u, which arrived after it.
+        assert ids(scheduler.waiting) == (["q", "r", "u"] if later else ["q", "r"])
+
+
+@pytest.mark.points(2)
 def test_check_fits_refuses_what_could_never_run():
     scheduler = make(num_blocks=5, max_model_len=24)  # 5 blocks of 4: 20 tokens in the whole pool
     scheduler.check_fits(10, 10)  # 20 tokens: exactly the pool
