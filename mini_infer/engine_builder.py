@@ -14,8 +14,9 @@ apart. ``build_engine(config)`` then does, in order:
    (``decode_graphs``, chapter 05);
    with ``tensor_parallel_size`` N > 1, steps 1, 3 and 4 happen on every rank instead: rank 0 (this
    process) starts ranks 1..N-1 and each loads its shard of the weights and allocates its part of
-   the pool (chapter 14, which this chapter reaches by module name, ``TENSOR_PARALLEL_LAUNCHER``,
-   and only then: no module imports a later chapter);
+   the pool; a draft model runs whole on rank 0 beside its shard, with a pool of its own (chapter
+   14, which this chapter reaches by module name, ``TENSOR_PARALLEL_LAUNCHER``, and only then: no
+   module imports a later chapter);
 5. put together the scheduler (chapters 06-07) with the radix prefix cache (chapter 08) and the
    draft's slots, the full sampler (chapter 09) with constrained decoding for structured
    outputs (chapter 09b; its grammar engine starts at the first request that has a grammar),
@@ -116,11 +117,6 @@ class EngineConfig:
         tp = self.tensor_parallel_size
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
-        if tp > 1 and self.draft_model is not None:
-            raise ValueError(
-                f"a draft model with tensor_parallel_size={tp} is not supported (the draft would need shards of "
-                "its own): drop draft_model, or use tensor_parallel_size=1"
-            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
         source = self.generation_config
@@ -142,9 +138,16 @@ TENSOR_PARALLEL_LAUNCHER = "mini_infer.parallel.workers"
 
 class TensorParallelLauncher(Protocol):
     def __call__(
-        self, config: EngineConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, max_model_len: int
-    ) -> ModelRunner:
-        """Start ranks 1..N-1 and return rank 0's runner: its shard loaded, its part of the pool allocated."""
+        self,
+        config: EngineConfig,
+        model_dir: Path,
+        draft_dir: Path | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_model_len: int,
+    ) -> list[ModelRunner]:
+        """Start ranks 1..N-1 and return rank 0's runner (its shard loaded, its part of the pool
+        allocated) and, with ``draft_dir``, the draft's runner: the whole draft, on rank 0 only."""
         ...
 
 
@@ -243,7 +246,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     max_model_len = min([c.max_position_embeddings for c in configs] + [config.max_model_len or 2**62])
     if config.tensor_parallel_size > 1:  # chapter 14: the other ranks run in processes of their own
         launch: TensorParallelLauncher = importlib.import_module(TENSOR_PARALLEL_LAUNCHER).launch
-        runners = [launch(config, model_dir, dtype, device, max_model_len)]
+        runners = launch(config, model_dir, draft_dir, dtype, device, max_model_len)
     else:
         runners = load_runners(config, model_dir, draft_dir, dtype, device, max_model_len)
     num_blocks = runners[0].kv_cache.num_blocks

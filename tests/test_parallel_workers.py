@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -23,13 +24,16 @@ from typing import Any
 import httpx
 import pytest
 import torch
+import torch.distributed as dist
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.cli import main as cli_main
 from mini_infer.config import ModelConfig
 from mini_infer.engine_builder import EngineConfig
+from mini_infer.model_source import resolve_model
 from mini_infer.parallel.workers import TensorParallelRunner, WorkerDiedError, launch
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
+from mini_infer.tiny_corpus import TASKS, held_out_questions
 from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 from tests.server_checks import on_engine
 
@@ -120,6 +124,82 @@ def test_torchrun_starts_every_rank(tiny_model_dir: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    expected = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False).generate(
+        ["hello world"], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False
+    )
+    assert json.loads(line)["token_ids"] == expected[0].token_ids
+
+
+def test_a_draft_runs_whole_on_rank_0_and_keeps_the_greedy_tokens() -> None:
+    # The shipped pair (a draft that learned the target's text, so that guesses are often kept),
+    # with a pool small enough to preempt and a budget that chunks the prompts.
+    chats = [[{"role": "user", "content": held_out_questions(task)[0].prompt}] for task in TASKS]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    options: dict[str, Any] = dict(
+        dtype="float32", num_kv_blocks=10, max_num_batched_tokens=13, generation_config="vllm", show_progress=False
+    )
+
+    def run(**extra: Any) -> tuple[list[list[int]], dict[str, int], LLM]:
+        with LLM("tiny", **options, **extra) as llm:
+            outputs = llm.chat(chats, params, use_tqdm=False)
+            assert_all_blocks_back(llm.engine)
+            return [o.token_ids for o in outputs], llm.stats(), llm
+
+    alone, _, _ = run()
+    one_rank, one_rank_stats, _ = run(draft_model="tiny-draft")
+    two_ranks, stats, llm = run(draft_model="tiny-draft", tensor_parallel_size=2)
+    assert two_ranks == one_rank == alone
+    assert stats == one_rank_stats  # the same schedule and the same verdicts, step for step
+    assert 0 < stats["num_accepted_draft_tokens"] < stats["num_draft_tokens"]
+    assert stats["num_preemptions"] > 0
+    # The target is split (rank 0 holds half its heads), the draft is whole, in a plain runner of
+    # rank 0, with a pool of the same block ids as the target's.
+    target, draft = _runner(llm), llm.engine.drafter.runner  # type: ignore[union-attr]
+    assert not isinstance(draft, TensorParallelRunner)
+    draft_config = ModelConfig.from_model_dir(resolve_model("tiny-draft"))
+    assert target.model.shard.num_attention_heads == target.model.config.num_attention_heads // 2
+    assert draft.model.shard.num_attention_heads == draft_config.num_attention_heads
+    assert draft.kv_cache.num_blocks == target.kv_cache.num_blocks == options["num_kv_blocks"]
+    assert _all_ended(target.workers.processes)
+
+
+def test_torchrun_on_two_machines_simulated_on_this_one(tiny_model_dir: Path) -> None:
+    """Two torchrun processes, one per "machine" (``--nnodes 2``, a rank each), that meet at a c10d
+    rendezvous as separate machines would: each learns its rank from the rendezvous, not from a
+    shared launcher."""
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed, so no torchrun: nothing to simulate")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = ["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--num-kv-blocks", "64"]
+    argv += ["--prompt", "hello world", "--max-tokens", "8", "--json", "--tensor-parallel-size", "2"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
+            + ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+            + ["--rdzv-id", f"mini-infer-test-{port}", "-m", "mini_infer.parallel", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        for node in (0, 1)
+    ]
+    deadline = time.monotonic() + 60
+    results = []
+    try:
+        for node in nodes:
+            results.append(node.communicate(timeout=max(deadline - time.monotonic(), 1)))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.communicate()
+    for node, (_, stderr) in zip(nodes, results):
+        assert node.returncode == 0, stderr[-3000:]
+    # The rendezvous, not --node-rank, decides which machine holds rank 0: one of them prints.
+    (line,) = [line for stdout, _ in results for line in stdout.splitlines() if line.startswith("{")]
     expected = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False).generate(
         ["hello world"], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False
     )
@@ -254,12 +334,10 @@ def test_what_cannot_work_is_refused_before_any_process_starts(
 ) -> None:
     with pytest.raises(ValueError, match=r"tensor_parallel_size=3 must divide num_attention_heads \(4\)"):
         LLM(str(tiny_model_dir), tensor_parallel_size=3, show_progress=False)
-    with pytest.raises(ValueError, match="draft model with tensor_parallel_size=2 is not supported"):
-        LLM(str(tiny_model_dir), tensor_parallel_size=2, draft_model="tiny-draft", show_progress=False)
 
     def start(device: str, **options: Any) -> None:
         config = EngineConfig(model=str(tiny_model_dir), tensor_parallel_size=2, **options)
-        launch(config, tiny_model_dir, torch.float16, torch.device(device), 2048)
+        launch(config, tiny_model_dir, None, torch.float16, torch.device(device), 2048)
 
     with pytest.raises(ValueError, match=r"CUDA graphs .* pass enforce_eager=True \(--enforce-eager\)"):
         start("cuda")

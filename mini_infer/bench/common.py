@@ -3,6 +3,8 @@
 * The random-prompt workload of ``offline`` and of ``mini_infer.server.bench_overhead``:
   ``--num-prompts`` prompts of random token ids, their lengths uniform in ``--input-len LO HI``,
   ``--output-len`` output tokens each (``add_random_prompt_arguments``, ``random_prompts``).
+* ``add_tensor_parallel_argument``: ``--tensor-parallel-size`` of the engine benchmarks (chapter 14),
+  refused below 1 by ``tensor_parallel_size``.
 * ``write_results``: the ``--json`` file of a script's figures.
 * ``run_script``: the ``main`` of a script run as ``python -m``.
 """
@@ -31,6 +33,19 @@ def random_prompts(vocab_size: int, num_prompts: int, input_len: Sequence[int], 
     rng = random.Random(seed)
     lo, hi = input_len
     return [[rng.randrange(vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(num_prompts)]
+
+
+def add_tensor_parallel_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--tensor-parallel-size N`` (default 1): the benchmark's engines split over N ranks (chapter 14)."""
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help=help)
+
+
+def tensor_parallel_size(args: argparse.Namespace) -> int:
+    """``--tensor-parallel-size``, refused with the flag's name when it is not a positive integer."""
+    size = args.tensor_parallel_size
+    if size < 1:
+        raise SystemExit(f"--tensor-parallel-size must be a positive integer, got {size}")
+    return int(size)
 
 
 def write_results(path: str, results: dict[str, Any]) -> None:

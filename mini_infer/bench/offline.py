@@ -32,7 +32,13 @@ from typing import Any
 
 import torch
 
-from mini_infer.bench.common import add_random_prompt_arguments, random_prompts, write_results
+from mini_infer.bench.common import (
+    add_random_prompt_arguments,
+    add_tensor_parallel_argument,
+    random_prompts,
+    tensor_parallel_size,
+    write_results,
+)
 from mini_infer.bench.roofline import Roofline, measure, median_roofline
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
@@ -281,20 +287,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.9,
         help="on CUDA, the engine's share of the card; leave room for transformers' copy (a 15 GB T4: 0.6)",
     )
-    parser.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        help="N > 1: the workloads' step times on N ranks against 1, with the all-reduce's share (chapter 14)",
+    add_tensor_parallel_argument(
+        parser, "N > 1: the workloads' step times on N ranks against 1, with the all-reduce's share (chapter 14)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.tensor_parallel_size != 1:
-        if args.tensor_parallel_size < 1:
-            raise SystemExit(f"--tensor-parallel-size must be a positive integer, got {args.tensor_parallel_size}")
+    if tensor_parallel_size(args) > 1:
         return int(importlib.import_module(TENSOR_PARALLEL_BENCH).main(args))
     results = Bench(args).run()
     if args.json:

@@ -19,8 +19,13 @@ to sample from. The **hit fraction** is the engine's ``prefix_cache_hit_tokens``
 shareable tokens.
 
 The same workload runs with the cache on and off in the same process, on two engines with the
-same settings and a pool large enough that nothing is evicted or preempted. Each timed run
-starts from an empty cache, so every hit comes from within the workload. Reported: the hit
+same settings and a pool large enough that nothing is evicted or preempted, their runs
+interleaved so that a drifting machine slows both alike. With ``--tensor-parallel-size`` N > 1
+(chapter 14) the engines are split over N ranks; a process holds one tensor-parallel engine at a
+time (one ``torch.distributed`` world), so the runs are sequential instead: every run without the
+cache on the first engine, closed, then every run with it on the second (the output says which
+order it used). Each timed run starts from an empty cache, so every hit comes from within the
+workload. Reported: the hit
 tokens and fraction, the prompt tokens computed, the time until every request has its first
 token (the prefill phase of this offline batch) and until all are done, medians of
 ``--repeats`` runs with the individual runs beside them, the speed-ups, and whether the greedy
@@ -43,7 +48,7 @@ from typing import Any
 
 import torch
 
-from mini_infer.bench.common import run_script, write_results
+from mini_infer.bench.common import add_tensor_parallel_argument, run_script, tensor_parallel_size, write_results
 from mini_infer.config import ModelConfig
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.kv.block_pool import num_blocks_for
@@ -163,10 +168,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per setting (median), cache on and off interleaved"
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs per setting (median), cache on and off interleaved (sequential on several ranks)",
     )
     parser.add_argument(
         "--min-hit-fraction", type=float, default=0.8, help="exit 1 below this fraction of the shareable tokens"
+    )
+    add_tensor_parallel_argument(
+        parser, "split both engines over N ranks (chapter 14); N > 1 runs them one after the other, not interleaved"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this file")
@@ -183,13 +194,15 @@ def run(args: argparse.Namespace) -> int:
     lo, hi = args.question_len
     if not 1 <= lo <= hi:
         raise SystemExit("--question-len LO HI needs 1 <= LO <= HI (every prompt has a question of its own)")
+    ranks = tensor_parallel_size(args)
+    interleaved = ranks == 1  # one tensor-parallel engine per process: on N ranks, one engine at a time
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
     model_dir = Path(args.model) if args.model else random_model_dir(args.shape, dtype_name)
     model_name = str(model_dir) if args.model else f"random-weight {args.shape}"
 
-    def make_llm(enable_prefix_caching: bool, num_kv_blocks: int | None = None) -> LLM:
+    def make_llm(enable_prefix_caching: bool, num_kv_blocks: int) -> LLM:
         return LLM(
             str(model_dir),
             dtype=dtype,
@@ -198,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
             num_kv_blocks=num_kv_blocks,
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=ranks > 1,  # tensor parallelism runs eagerly on CUDA (no CUDA graphs)
+            tensor_parallel_size=ranks,
             seed=args.seed,
             generation_config="vllm",  # plain greedy prefills, whatever the model's defaults
             show_progress=False,
@@ -209,13 +224,14 @@ def run(args: argparse.Namespace) -> int:
     )
     # Room for every request at once, so that neither setting evicts or preempts.
     num_blocks = sum(num_blocks_for(len(p) + args.max_tokens, args.block_size) for p in prompts)
-    off = make_llm(False, num_blocks)
-    on = make_llm(True, num_blocks)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    warm_up = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)  # first calls allocate, pick kernels
     shareable = shareable_tokens(prompts, group_of, args.block_size)
 
+    threads = torch.get_num_threads()
+    on_ranks = "" if interleaved else f", split over {ranks} ranks ({max(1, threads // ranks)} threads each)"
     print(
-        f"prefix-cache benchmark: {model_name}, {dtype_name} on {device} ({torch.get_num_threads()} threads), "
+        f"prefix-cache benchmark: {model_name}, {dtype_name} on {device} ({threads} threads){on_ranks}, "
         f"block size {args.block_size}, budget {args.max_num_batched_tokens} tokens a step"
     )
     print(
@@ -223,12 +239,26 @@ def run(args: argparse.Namespace) -> int:
         f"questions {lo}-{hi} tokens, {args.max_tokens} output tokens each (greedy), all submitted at once",
         flush=True,
     )
-    for llm in (off, on):  # warm-up: first calls allocate and pick kernels
-        run_once(llm, prompts[:2], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    order = (
+        f"cache off and on interleaved, {args.repeats} runs each"
+        if interleaved
+        else f"sequential: {args.repeats} run(s) with the cache off, then {args.repeats} with it on, one "
+        f"{ranks}-rank engine at a time (a process holds one tensor-parallel engine), so not interleaved"
+    )
+    print(f"runs: {order}", flush=True)
     runs: dict[str, list[RunResult]] = {"off": [], "on": []}
-    for _ in range(args.repeats):
-        runs["off"].append(run_once(off, prompts, params))
-        runs["on"].append(run_once(on, prompts, params))
+    if interleaved:
+        with make_llm(False, num_blocks) as off, make_llm(True, num_blocks) as on:
+            for llm in (off, on):
+                run_once(llm, prompts[:2], warm_up)
+            for _ in range(args.repeats):
+                runs["off"].append(run_once(off, prompts, params))
+                runs["on"].append(run_once(on, prompts, params))
+    else:
+        for setting in ("off", "on"):
+            with make_llm(setting == "on", num_blocks) as llm:  # closed (its workers ended) before the next
+                run_once(llm, prompts[:2], warm_up)
+                runs[setting] = [run_once(llm, prompts, params) for _ in range(args.repeats)]
 
     first_on, first_off = runs["on"][0], runs["off"][0]
     prompt_tokens = sum(map(len, prompts))
@@ -285,7 +315,9 @@ def run(args: argparse.Namespace) -> int:
             "model": model_name,
             "dtype": dtype_name,
             "device": str(device),
-            "threads": torch.get_num_threads(),
+            "threads": threads,
+            "tensor_parallel_size": ranks,
+            "order": "interleaved" if interleaved else "sequential",
             "args": {k: v for k, v in vars(args).items() if k != "func"},
             "prompt_tokens": prompt_tokens,
             "shareable_tokens": total_shareable,

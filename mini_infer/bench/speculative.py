@@ -8,7 +8,10 @@ only means something for two models that learned the same text.
 
 For every ``k`` of ``--k``, an engine with the draft runs the workload alternately with an engine
 without one, ``--repeats`` times each, in the same process (the target's weights are loaded
-twice). Reported per ``k``: the acceptance rate (``num_accepted_draft_tokens /
+twice). With ``--tensor-parallel-size`` N > 1 (chapter 14) the target is split over N ranks and
+the draft runs whole on rank 0; a process holds one tensor-parallel engine at a time, so the runs
+are sequential instead: the target alone first, then each ``k``'s engine, each closed before the
+next is built (the output says which order it used). Reported per ``k``: the acceptance rate (``num_accepted_draft_tokens /
 num_draft_tokens``), target steps and tokens per step, the median wall times and their ratio,
 and whether the outputs equal the target's alone. The exit status is 1 when they differ in
 float32, where they must be identical; in bf16 or fp16 verification batches positions
@@ -28,7 +31,7 @@ from typing import Any
 
 import torch
 
-from mini_infer.bench.common import run_script, write_results
+from mini_infer.bench.common import add_tensor_parallel_argument, run_script, tensor_parallel_size, write_results
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
 from mini_infer.sampling_params import SamplingParams
@@ -102,7 +105,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     parser.add_argument("--device", default="auto")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per setting (median), with and without the draft alternating"
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs per setting (median), with and without the draft alternating (sequential on several ranks)",
+    )
+    add_tensor_parallel_argument(
+        parser, "split the target over N ranks, the draft whole on rank 0 (chapter 14); N > 1 runs the engines in turn"
     )
     parser.add_argument("--json", default=None, help="write the results to this file")
 
@@ -114,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--k must be comma-separated positive integers, got {args.k!r}") from None
     if not ks or ks[0] < 1 or args.num_prompts < 1 or args.batch_size < 1 or args.max_tokens < 1 or args.repeats < 1:
         raise SystemExit("--k values, --num-prompts, --batch-size, --max-tokens and --repeats must be >= 1")
+    ranks = tensor_parallel_size(args)
+    interleaved = ranks == 1  # one tensor-parallel engine per process: on N ranks, one engine at a time
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -132,31 +143,54 @@ def run(args: argparse.Namespace) -> int:
             device=device,
             enable_prefix_caching=False,
             generation_config="vllm",
+            enforce_eager=ranks > 1,  # tensor parallelism runs eagerly on CUDA (no CUDA graphs)
+            tensor_parallel_size=ranks,
             show_progress=False,
             **speculation,
         )
 
+    threads = torch.get_num_threads()
+    on_ranks = "" if interleaved else f"; target split over {ranks} ranks, draft on rank 0"
     print(
         f"speculative-decoding benchmark: target {args.model}, draft {args.draft_model}, {dtype_name} on {device} "
-        f"({torch.get_num_threads()} threads)"
+        f"({threads} threads{on_ranks})"
     )
     print(
         f"workload: {len(chats)} chat questions, {args.batch_size} at a time, greedy, up to {args.max_tokens} tokens each",
         flush=True,
     )
+    order = (
+        "with and without the draft alternating"
+        if interleaved
+        else f"sequential: the target alone first, then each k's engine, one {ranks}-rank engine at a time "
+        "(a process holds one tensor-parallel engine), so not interleaved"
+    )
+    print(f"runs: {order}, {args.repeats} each", flush=True)
+
+    def measured(llm: LLM) -> list[Run]:
+        run_once(llm, chats[:2], params, args.batch_size)  # warm-up: first calls allocate and pick kernels
+        return [run_once(llm, chats, params, args.batch_size) for _ in range(args.repeats)]
+
     plain = make_llm(None)
-    run_once(plain, chats[:2], params, args.batch_size)  # warm-up: first calls allocate and pick kernels
+    if interleaved:
+        run_once(plain, chats[:2], params, args.batch_size)
+    else:
+        with plain:  # closed (its workers ended) before the first engine with a draft is built
+            sequential_alone_runs = measured(plain)
     header = f"{'k':>3} | {'acceptance':>10} | {'steps':>6} | {'tokens/step':>11} | {'draft s':>8} | {'alone s':>8} | {'speedup':>7} | same outputs"
     print(header)
     rows: list[dict[str, Any]] = []
     all_equal = True
     for k in ks:
-        spec = make_llm(k)
-        run_once(spec, chats[:2], params, args.batch_size)
-        alone_runs, spec_runs = [], []
-        for _ in range(args.repeats):
-            alone_runs.append(run_once(plain, chats, params, args.batch_size))
-            spec_runs.append(run_once(spec, chats, params, args.batch_size))
+        with make_llm(k) as spec:
+            if interleaved:
+                run_once(spec, chats[:2], params, args.batch_size)
+                alone_runs, spec_runs = [], []
+                for _ in range(args.repeats):
+                    alone_runs.append(run_once(plain, chats, params, args.batch_size))
+                    spec_runs.append(run_once(spec, chats, params, args.batch_size))
+            else:
+                alone_runs, spec_runs = sequential_alone_runs, measured(spec)
         first, reference = spec_runs[0], alone_runs[0]
         same = all(r.outputs == reference.outputs for r in spec_runs)
         all_equal &= same
@@ -183,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
             f"{alone_s:>8.3f} | {alone_s / spec_s:>6.2f}x | {'yes' if same else 'NO'} (alone: {reference.steps} steps)",
             flush=True,
         )
-        del spec
+    plain.close()  # a no-op when already closed
     must_match = dtype == torch.float32
     if not all_equal:
         print(
@@ -196,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
             "draft": args.draft_model,
             "dtype": dtype_name,
             "device": str(device),
-            "threads": torch.get_num_threads(),
+            "threads": threads,
+            "tensor_parallel_size": ranks,
+            "order": "interleaved" if interleaved else "sequential",
             "args": {key: value for key, value in vars(args).items() if key != "func"},
             "rows": rows,
         }

@@ -6,9 +6,11 @@ On one machine with two GPUs::
         --tensor-parallel-size 2 --dtype float16 --enforce-eager
 
 On two machines with one GPU each, the same command on both, with ``--nnodes 2 --node-rank 0``
-(then 1) and ``--rdzv-endpoint HOST:29500`` naming the first machine. Rank 0 runs the command (its
-flags must include ``--tensor-parallel-size`` equal to the number of ranks); the other ranks ignore
-it and wait for rank 0 to tell them what to build (``workers.serve_torchrun_rank``).
+(then 1), ``--rdzv-backend c10d`` and ``--rdzv-endpoint HOST:29500`` naming the first machine.
+Rank 0 runs the command (its flags must include ``--tensor-parallel-size`` equal to the number of
+ranks); the other ranks ignore it and wait for rank 0 to tell them what to build
+(``workers.serve_torchrun_rank``). The c10d rendezvous gives the ranks out itself, ignoring
+``--node-rank``: rank 0 (where a server listens) may be on either machine.
 """
 
 from __future__ import annotations

@@ -15,6 +15,12 @@
    size the pool as one process would; on GPUs each rank on its own card) and the smallest count
    wins; each allocates its part: its KV heads, the same block ids.
 
+A draft model (speculative decoding, chapter 10) is not split: rank 0 loads it whole while the
+workers load their shards, sizes the pool with the draft's blocks counted too (its share of the
+memory, and on a GPU its activation peak), and gives it a pool of its own with the agreed number of
+blocks, as one process would. Its passes run on rank 0 alone, between the target's steps; the
+workers see only the target's steps, whose inputs carry the guesses to verify.
+
 Every step (``TensorParallelRunner.execute``): rank 0 checks that every worker is alive, broadcasts
 the step's ``SequenceInput``s on the control group and runs its shard; each worker prepares its own
 ``ForwardBatch`` from the same inputs (its gather rows follow its own KV heads) and runs its shard.
@@ -51,7 +57,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mini_infer.config import ModelConfig
-from mini_infer.engine_builder import EngineConfig, measure_activation_peak
+from mini_infer.engine_builder import EngineConfig, load_model, measure_activation_peak
 from mini_infer.kv.paged_attention import PagedKVCache
 from mini_infer.kv.sizing import kv_blocks_for_memory
 from mini_infer.model import Qwen2Model, shard_config
@@ -132,9 +138,15 @@ class RankReport:
 
 
 def launch(
-    config: EngineConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, max_model_len: int
-) -> TensorParallelRunner:
-    """Start ranks 1..N-1 and return rank 0's runner (see the module docstring)."""
+    config: EngineConfig,
+    model_dir: Path,
+    draft_dir: Path | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+) -> list[ModelRunner]:
+    """Start ranks 1..N-1 and return rank 0's runner, then the draft's when ``draft_dir`` is given
+    (see the module docstring)."""
     size = config.tensor_parallel_size
     _refuse_what_cannot_work(config, ModelConfig.from_model_dir(model_dir), device)
     threads = torch.get_num_threads()
@@ -170,15 +182,17 @@ def launch(
         elif device.type == "cpu":
             torch.set_num_threads(spec.num_threads)
         model, group = _load(spec, 0, size)
+        drafts = [] if draft_dir is None else [load_model(draft_dir, dtype, model.device, config.show_progress)]
         if store is not None:
             _wait_until_loaded(store, workers, size)
             workers.control = _join(device, 0, size, store)
-        cache = _allocate_kv_cache(spec, model, workers.control)
+        cache, *draft_caches = _allocate_kv_caches(spec, [model, *drafts], workers.control)
     except BaseException as exc:
         workers.failed(exc)
         workers.close()
         raise
-    return TensorParallelRunner(model, cache, group, workers)
+    runner = TensorParallelRunner(model, cache, group, workers)
+    return [runner, *(ModelRunner(d, c) for d, c in zip(drafts, draft_caches))]
 
 
 class TensorParallelRunner(ModelRunner):
@@ -301,7 +315,8 @@ def serve_torchrun_rank() -> None:
     spec = _receive(control)
     assert isinstance(spec, RankSpec)
     model, group = _load(spec, rank, size)
-    _serve(ModelRunner(model, _allocate_kv_cache(spec, model, control)), group, control)
+    (cache,) = _allocate_kv_caches(spec, [model], control)
+    _serve(ModelRunner(model, cache), group, control)
 
 
 def _under_torchrun() -> bool:
@@ -337,7 +352,8 @@ def _spawned_worker(rank: int, size: int, port: int, spec: RankSpec) -> None:
     model, group = _load(spec, rank, size)
     store.set(f"loaded/{rank}", "1")
     control = _join(spec.device, rank, size, store)
-    _serve(ModelRunner(model, _allocate_kv_cache(spec, model, control)), group, control)
+    (cache,) = _allocate_kv_caches(spec, [model], control)
+    _serve(ModelRunner(model, cache), group, control)
     dist.destroy_process_group()
 
 
@@ -382,13 +398,18 @@ def _join(device: torch.device, rank: int, size: int, store: dist.Store | None) 
     return control
 
 
-def _allocate_kv_cache(spec: RankSpec, model: Qwen2Model, control: dist.ProcessGroup | None) -> PagedKVCache:
-    """This rank's part of the KV pool, with the block count all ranks agree on (the smallest)."""
-    config, device = spec.config, model.device
+def _allocate_kv_caches(
+    spec: RankSpec, models: list[Qwen2Model], control: dist.ProcessGroup | None
+) -> list[PagedKVCache]:
+    """This rank's part of the KV pool (``models[0]``, its shard) and, on rank 0 with a draft, the
+    draft's whole pool (``models[1]``), with the block count all ranks agree on (the smallest)."""
+    config, model, device = spec.config, models[0], models[0].device
     blocks = config.num_kv_blocks
     if blocks is None:
         blocks = kv_blocks_for_memory(
-            [model.config if device.type == "cpu" else model.shard],  # one shared memory, or a card each
+            # One shared memory (size as one process would), or a card each (this rank's shard);
+            # a draft is whole wherever it runs.
+            [model.config if device.type == "cpu" else model.shard] + [d.config for d in models[1:]],
             block_size=config.block_size,
             dtype=spec.dtype,
             device=device,
@@ -396,12 +417,13 @@ def _allocate_kv_cache(spec: RankSpec, model: Qwen2Model, control: dist.ProcessG
             max_model_len=spec.max_model_len,
             kv_cache_memory=config.kv_cache_memory,
             gpu_memory_utilization=config.gpu_memory_utilization,
-            # On GPUs every rank measures its peak at once: the measured step's collectives need them all.
-            activation_bytes=measure_activation_peak([model], config) if device.type == "cuda" else 0,
+            # On GPUs every rank measures its peak at once: the target's measured step (first, before
+            # rank 0's draft) has collectives that need them all.
+            activation_bytes=measure_activation_peak(models, config) if device.type == "cuda" else 0,
         )
     agreed = torch.tensor([blocks])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control)
-    return PagedKVCache(model.shard, int(agreed.item()), config.block_size, spec.dtype, device)
+    return [PagedKVCache(m.shard, int(agreed.item()), config.block_size, spec.dtype, device) for m in models]
 
 
 def _receive(control: dist.ProcessGroup) -> object:
