@@ -146,6 +146,7 @@ class Scheduler:
     # ----------------------------------------------------------------- admission
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
         """Refuse, at submission, a request that could never run."""
+        # student: begin chapter 07: raise RequestTooLongError past max_model_len tokens or past the whole pool
         total = num_prompt_tokens + max_tokens
         if total > self.max_model_len:
             raise RequestTooLongError(
@@ -159,6 +160,7 @@ class Scheduler:
                 f"the request needs {needed} KV blocks ({total} tokens) but the whole pool has "
                 f"{self.pool.num_blocks}; give the engine more KV memory (num_kv_blocks) or lower max_tokens"
             )
+        # student: end
 
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq.num_prompt_tokens, seq.params.max_tokens)
@@ -182,6 +184,7 @@ class Scheduler:
             scheduled_ids.add(id(seq))
             budget -= n
 
+        # student: begin chapter 06: decodes, then prefill chunks, then waiting requests in order, in the budgets
         # 1. decodes, 2. prefill chunks of running sequences.
         for prefilling in (False, True):
             for seq in list(self.running):
@@ -216,6 +219,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             schedule(seq, n)
+        # student: end
 
         # 4. Draft slots for guessed tokens (chapter 10), from what is left.
         if self.speculation is not None:
@@ -310,6 +314,7 @@ class Scheduler:
         Returns False when ``seq`` itself had to be preempted, or (for a prefill chunk) when it
         must wait because everything later has already been scheduled this step.
         """
+        # student: begin chapter 07: grow seq's blocks, preempting the latest unscheduled arrival until they fit
         while not self._grow(seq, seq.num_computed_tokens + n):
             candidates = [s for s in self.running if id(s) not in scheduled_ids]
             victim = max(candidates, key=lambda s: s.arrival)
@@ -318,8 +323,10 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
+        # student: end
 
     def _preempt(self, seq: Sequence) -> None:
+        # student: begin chapter 07: free seq's blocks and computed tokens; back to the waiting queue in arrival order
         self.running.remove(seq)
         self._release_blocks(seq)
         seq.reset_computed(0, self.block_size)
@@ -330,6 +337,7 @@ class Scheduler:
         while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:
             index += 1
         self.waiting.insert(index, seq)
+        # student: end
 
     # ----------------------------------------------------------------- after the forward
     def update(self, scheduled: list[ScheduledSequence], kept: Seq[Seq[int]]) -> None:

@@ -3,10 +3,16 @@ and lints, the reference earns every point, the blank package none, and mutants 
 
 The mutation check here runs a seeded sample of each chapter's mutants (CI-sized); every mutant
 of a chapter: ``mini-infer course mutants 04`` (the report lists the survivors).
+
+Cost: each package is graded on every chapter in ONE child process (``grade_chapters``: torch
+imported once, not once per chapter), and every chapter's sampled mutants share one more; the
+per-chapter tests below read those shared results. ``course grade NN``'s own path (one chapter,
+one child) is checked by the command-line test and by the test that both paths agree.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -17,8 +23,8 @@ import pytest
 
 import mini_infer
 from mini_infer.cli import main
-from mini_infer.course.grade import grade, graded_file, possible_points
-from mini_infer.course.mutants import mutants, run_mutants, sample
+from mini_infer.course.grade import GradeReport, grade, grade_chapters, graded_file, possible_points
+from mini_infer.course.mutants import EQUIVALENT, Mutant, behaviour_changing, mutants, run_mutants, sample
 from mini_infer.course.regions import RegionError, blank, find_regions, package_regions
 from mini_infer.course.student import graded_chapters, write_student_package
 
@@ -29,6 +35,12 @@ CHAPTERS = sorted({r.chapter for r in REGIONS})
 MUTANTS_PER_CHAPTER = 6
 
 
+@functools.cache
+def chapter_mutants(chapter: int) -> list[Mutant]:
+    """Every mutant of a chapter, made once per run (making them all takes seconds)."""
+    return mutants(chapter)
+
+
 @pytest.fixture(scope="module")
 def student(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("student")
@@ -36,8 +48,31 @@ def student(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def reference_reports() -> dict[int, GradeReport]:
+    return grade_chapters(CHAPTERS, REPO)
+
+
+@pytest.fixture(scope="module")
+def blank_reports(student: Path) -> dict[int, GradeReport]:
+    return grade_chapters(CHAPTERS, student)
+
+
+@pytest.fixture(scope="module")
+def sampled_mutants() -> dict[int, list[tuple[str, bool]]]:
+    """Each chapter's seeded sample of the mutants that change behaviour, all graded in one child:
+    (description, killed)."""
+    chosen = {
+        chapter: sample(behaviour_changing(chapter_mutants(chapter)), MUTANTS_PER_CHAPTER, seed=chapter)
+        for chapter in CHAPTERS
+    }
+    every = [m for chapter in CHAPTERS for m in chosen[chapter]]
+    killed = iter(run_mutants(every))
+    return {chapter: [(m.description, next(killed)) for m in chosen[chapter]] for chapter in CHAPTERS}
+
+
 def test_every_chapter_the_issue_names_has_regions_and_graded_tests():
-    assert {2, 3, 4, 5, 8, 9, 10} <= set(CHAPTERS)
+    assert {2, 3, 4, 5, 6, 7, 8, 9, 10, 11} <= set(CHAPTERS)
     assert set(CHAPTERS) == graded_chapters()
     for chapter in CHAPTERS:
         assert sum(possible_points(graded_file(chapter).read_text()).values()) > 0
@@ -135,17 +170,33 @@ def test_chapters_selects_what_is_blanked(tmp_path: Path):
     with pytest.raises(FileExistsError):
         write_student_package(tmp_path, "04")
     with pytest.raises(ValueError, match="no assignment"):
-        write_student_package(tmp_path / "other", "07")
+        write_student_package(tmp_path / "other", "12")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_the_reference_earns_every_point_and_the_blank_package_none(chapter: int, student: Path):
-    reference = grade(chapter, REPO)
+def test_the_reference_earns_every_point_and_the_blank_package_none(
+    chapter: int, reference_reports: dict[int, GradeReport], blank_reports: dict[int, GradeReport]
+):
+    reference = reference_reports[chapter]
     assert reference.points == reference.total > 0, reference.format()
+    assert reference.total == sum(possible_points(graded_file(chapter).read_text()).values())
     assert Path(reference.package) == REPO.resolve()
-    blank_report = grade(chapter, student)
+    blank_report = blank_reports[chapter]
     assert blank_report.points == 0 and blank_report.total == reference.total, blank_report.format()
     assert {t.name for t in blank_report.tests} == {t.name for t in reference.tests}
+    assert all(t.result == "failed" for t in blank_report.tests), blank_report.format()  # ran, and failed
+
+
+def test_one_chapter_graded_alone_gets_the_report_it_gets_among_all(
+    student: Path, tmp_path: Path, reference_reports: dict[int, GradeReport]
+):
+    # A student package with chapter 06 blanked and chapter 04 done: the scores of one chapter
+    # must not depend on which other chapters share the child process.
+    write_student_package(tmp_path, "06")
+    alone, together = grade(6, tmp_path), grade_chapters([4, 6], tmp_path)
+    assert alone.points == together[6].points == 0 < alone.total
+    assert [(t.name, t.result) for t in alone.tests] == [(t.name, t.result) for t in together[6].tests]
+    assert together[4].points == together[4].total == reference_reports[4].total
 
 
 def test_grade_command_json(capsys: pytest.CaptureFixture[str], student: Path):
@@ -158,9 +209,15 @@ def test_grade_command_json(capsys: pytest.CaptureFixture[str], student: Path):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_a_sample_of_mutants_loses_points(chapter: int):
-    every = mutants(chapter)
-    chosen = sample(every, MUTANTS_PER_CHAPTER, seed=chapter)
-    killed = run_mutants(chapter, chosen)
-    survivors = [m.description for m, k in zip(chosen, killed) if not k]
-    assert sum(killed) >= 0.8 * len(chosen), f"chapter {chapter:02d}: survivors {survivors}"
+def test_a_sample_of_mutants_loses_points(chapter: int, sampled_mutants: dict[int, list[tuple[str, bool]]]):
+    results = sampled_mutants[chapter]
+    assert len(results) == min(MUTANTS_PER_CHAPTER, len(behaviour_changing(chapter_mutants(chapter)))) > 0
+    survivors = [description for description, killed in results if not killed]
+    assert len(results) - len(survivors) >= 0.8 * len(results), f"chapter {chapter:02d}: survivors {survivors}"
+
+
+def test_every_mutant_marked_equivalent_is_one_the_mutator_makes():
+    # A verdict whose line changed no longer matches any mutant: it must be judged again, not kept.
+    sites = {m.site for chapter in CHAPTERS for m in chapter_mutants(chapter)}
+    assert set(EQUIVALENT) <= sites, sorted(set(EQUIVALENT) - sites)
+    assert all(reason.strip() for reason in EQUIVALENT.values())

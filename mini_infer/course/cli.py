@@ -42,23 +42,42 @@ def _regions(args: argparse.Namespace) -> int:
 
 def _mutants(args: argparse.Namespace) -> int:
     from mini_infer.course.grade import parse_chapter
-    from mini_infer.course.mutants import mutants, run_mutants, sample
+    from mini_infer.course.mutants import behaviour_changing, mutants, run_mutants, sample
 
     chapter = parse_chapter(args.chapter)
     every = mutants(chapter)
     if not every:
         raise ValueError(f"chapter {chapter:02d} has no assignment region")
-    chosen = sample(every, args.sample, args.seed)
-    killed = run_mutants(chapter, chosen)
-    survivors = [m.description for m, k in zip(chosen, killed) if not k]
-    result = {"chapter": chapter, "mutants": len(chosen), "killed": sum(killed), "survivors": survivors}
+    # A sample draws from the mutants that change behaviour; a full run grades the known
+    # equivalent ones too, so that a wrong verdict (an "equivalent" mutant that loses points) shows.
+    chosen = every if args.sample is None else sample(behaviour_changing(every), args.sample, args.seed)
+    killed = run_mutants(chosen)
+    changing = [(m, k) for m, k in zip(chosen, killed) if m.equivalent is None]
+    survivors = [m.description for m, k in changing if not k]
+    wrong_verdicts = [m.description for m, k in zip(chosen, killed) if m.equivalent is not None and k]
+    score = sum(k for _, k in changing) / len(changing) if changing else 1.0
+    result = {
+        "chapter": chapter,
+        "mutants": len(chosen),
+        "behaviour_changing": len(changing),
+        "killed": sum(k for _, k in changing),
+        "score": round(score, 3),
+        "survivors": survivors,
+        "equivalent": [f"{m.description}: {m.equivalent}" for m in chosen if m.equivalent is not None],
+        "killed_but_marked_equivalent": wrong_verdicts,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"chapter {chapter:02d}: {sum(killed)} / {len(chosen)} mutants killed")
+        print(
+            f"chapter {chapter:02d}: {result['killed']} / {len(changing)} behaviour-changing mutants killed "
+            f"({score:.0%}; {len(chosen)} mutants, {len(chosen) - len(changing)} known equivalent)"
+        )
         for s in survivors:
             print(f"  survived: {s}")
-    return 0
+        for s in wrong_verdicts:
+            print(f"  marked equivalent but lost points (fix EQUIVALENT in mutants.py): {s}")
+    return 1 if wrong_verdicts else 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,10 +1,13 @@
-"""The grader: one chapter's graded tests against any copy of the package, in a subprocess (appendix).
+"""The grader: chapters' graded tests against any copy of the package, in a subprocess (appendix).
 
 ``grade(chapter, package_dir)`` runs ``mini_infer/course/graded/test_chapterNN.py`` (this
 package's copy: the student's own copy of the tests could have been edited) in a fresh Python
 whose ``mini_infer`` is ``package_dir/mini_infer``: ``PYTHONPATH`` points there, the tests run from
 a temporary folder (so neither the working directory nor pytest's rootdir can put another
 ``mini_infer`` first), and the child checks ``mini_infer.__file__`` before any test runs.
+``grade_chapters(chapters, package_dir)`` grades several chapters in one such child (one pytest
+run over their files, torch imported once: what CI does for every chapter) and splits the
+per-test results by file into one report per chapter, the same reports ``grade`` gives.
 
 Each graded test carries ``@pytest.mark.points(n)``; a test earns its points when it passes.
 The possible total is read from the test file's source (``possible_points``), not from the run,
@@ -52,9 +55,10 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     marker = item.get_closest_marker("points")
     points = marker.args[0] if marker else 0
-    entry = next((r for r in RESULTS if r["name"] == item.name), None)
+    file = item.path.name
+    entry = next((r for r in RESULTS if r["name"] == item.name and r["file"] == file), None)
     if entry is None:
-        entry = {"name": item.name, "points": points, "result": "passed", "message": ""}
+        entry = {"file": file, "name": item.name, "points": points, "result": "passed", "message": ""}
         RESULTS.append(entry)
     if report.failed or report.skipped:
         if entry["result"] == "passed":
@@ -168,31 +172,52 @@ def prepare_run_dir(work: Path, chapter: int) -> Path:
 
 def grade(chapter: int, package_dir: Path, timeout: float = 600.0) -> GradeReport:
     """Run chapter ``chapter``'s graded tests against ``package_dir/mini_infer``."""
+    return grade_chapters([chapter], package_dir, timeout)[chapter]
+
+
+def grade_chapters(chapters: list[int], package_dir: Path, timeout: float = 600.0) -> dict[int, GradeReport]:
+    """Run the graded tests of every chapter in ``chapters`` against ``package_dir/mini_infer`` in
+    one child process; one report per chapter. ``timeout`` bounds the whole run: a package that
+    loops fails every chapter not yet finished (grade chapters one by one to isolate it)."""
     package_dir = package_dir.resolve()
     if not (package_dir / "mini_infer" / "__init__.py").exists():
         raise FileNotFoundError(f"{package_dir} holds no mini_infer package (expected {package_dir}/mini_infer)")
-    expected = possible_points(graded_file(chapter).read_text())
-    report = GradeReport(chapter, str(package_dir), total=sum(expected.values()))
+    if not chapters:
+        raise ValueError("no chapter to grade: give at least one")
+    chapters = sorted(set(chapters))
+    reports = {}
+    for chapter in chapters:
+        total = sum(possible_points(graded_file(chapter).read_text()).values())
+        reports[chapter] = GradeReport(chapter, str(package_dir), total=total)
     with tempfile.TemporaryDirectory(prefix="mini-infer-grade-") as tmp:
         work = Path(tmp)
-        tests = prepare_run_dir(work, chapter)
+        files = [prepare_run_dir(work, chapter) for chapter in chapters]
         env = child_environment(package_dir)
         env["MINI_INFER_GRADE_RESULTS"] = str(work / "results.json")
-        command = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "--rootdir", tmp]
-        command += ["-c", str(work / "pytest.ini")]
+        # One chapter that fails to import must not stop the others from being graded.
+        command = [sys.executable, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider", "--rootdir", tmp]
+        command += ["-c", str(work / "pytest.ini"), "--continue-on-collection-errors"]
+        error = ""
         try:
             run = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            report.error = f"the tests ran past {timeout:.0f} s (an endless loop?)"
+            error = f"the tests ran past {timeout:.0f} s (an endless loop?)"
             run = None
         results = work / "results.json"
-        if run is not None and results.exists():
-            report.tests = [TestResult(**r) for r in json.loads(results.read_text())]
-        if run is not None and not report.tests:
-            tail = (run.stdout + run.stderr).strip().splitlines()[-5:]
-            report.error = "no test ran: " + " | ".join(tail)
-    seen = {t.name.split("[")[0] for t in report.tests}
-    report.tests += [
-        TestResult(name, points, "error", "did not run") for name, points in expected.items() if name not in seen
-    ]
-    return report
+        entries = json.loads(results.read_text()) if run is not None and results.exists() else []
+        for chapter, file in zip(chapters, files):
+            report = reports[chapter]
+            report.tests = [
+                TestResult(**{k: v for k, v in r.items() if k != "file"}) for r in entries if r["file"] == file.name
+            ]
+            report.error = error
+            if run is not None and not report.tests:
+                tail = (run.stdout + run.stderr).strip().splitlines()[-5:]
+                report.error = "no test ran: " + " | ".join(tail)
+    for chapter, report in reports.items():
+        expected = possible_points(graded_file(chapter).read_text())
+        seen = {t.name.split("[")[0] for t in report.tests}
+        report.tests += [
+            TestResult(name, points, "error", "did not run") for name, points in expected.items() if name not in seen
+        ]
+    return reports

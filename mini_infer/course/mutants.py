@@ -8,9 +8,10 @@ comparison flipped (``<``/``<=``, ``>``/``>=``, ``==``/``!=``), an integer const
 at least one point. A surviving mutant is either a gap in the tests or equivalent to the
 reference (no behaviour change); the report lists the survivors so a person can tell which.
 
-All mutants of a chapter run in one child process (torch is imported once), each file written,
-the package's modules purged and the tests run again with ``pytest.main``; a mutant that loops is
-stopped by an alarm after ``per_mutant_timeout`` seconds and counts as killed.
+All mutants given to ``run_mutants`` run in one child process (torch is imported once), whatever
+their chapters: each mutant's file written, the package's modules purged and its chapter's tests
+run again with ``pytest.main``; a mutant that loops is stopped by an alarm after
+``per_mutant_timeout`` seconds and counts as killed.
 
     mini-infer course mutants 04            every mutant of chapter 04's regions
     mini-infer course mutants 04 --sample 5 a seeded sample (what CI runs)
@@ -47,6 +48,28 @@ class Mutant:
     line: int
     description: str
     source: str  # the whole mutated file
+    site: tuple[str, str, str] = ("", "", "")  # function, original line (stripped), mutated expression
+
+    @property
+    def equivalent(self) -> str | None:
+        """Why this mutant changes no behaviour, when a person found it does not (else None)."""
+        return EQUIVALENT.get(self.site)
+
+
+# Mutants that change no behaviour: survivors of ``mini-infer course mutants NN``, each read and
+# found to behave exactly as the reference on every input, with the reason. They are left out of
+# the score ("mutants that change behaviour"); keyed by the original line's text, so that a
+# region whose code changes is judged again instead of inheriting an old verdict.
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("Scheduler.schedule", "n = min(seq.num_uncomputed_tokens, budget)", "min(budget, seq.num_uncomputed_tokens)"): (
+        "min of two ints is symmetric"
+    ),
+    (
+        "Scheduler._preempt",
+        "while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:",
+        "self.waiting[index].arrival <= seq.arrival",
+    ): "arrivals are unique (a counter), and the sequence being preempted is not in the waiting queue",
+}
 
 
 def _sites(region_nodes: list[ast.AST]) -> list[tuple[ast.AST, str, object]]:
@@ -118,19 +141,19 @@ def mutants(chapter: int, package: Path = PACKAGE) -> list[Mutant]:
                 assert isinstance(node, ast.UnaryOp)
                 mutated = _Replace(node).visit(mutated)
             line = getattr(node, "lineno", region.begin_line)
-            out.append(Mutant(region, line, f"{region.function} line {line}: {description}", ast.unparse(mutated)))
+            shown = node.operand if isinstance(node, ast.UnaryOp) else node
+            expression = ast.unparse(shown)
+            site = (region.function, source.splitlines()[line - 1].strip(), expression)
+            text = f"{region.function} line {line}: {description}: `{expression}`"
+            out.append(Mutant(region, line, text, ast.unparse(mutated), site))
     return out
 
 
 def _region_statements(tree: ast.AST, region: Region) -> list[ast.AST]:
-    return [
-        n for n in ast.walk(tree) if isinstance(n, ast.stmt) and region.begin_line < n.lineno < region.end_line
-        and not any(  # outermost statements only
-            isinstance(p, ast.stmt) and p is not n and region.begin_line < p.lineno < region.end_line
-            and any(c is n for c in ast.walk(p))
-            for p in ast.walk(tree)
-        )
-    ]  # fmt: skip
+    """The region's outermost statements, in ``ast.walk`` order."""
+    inside = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and region.begin_line < n.lineno < region.end_line]
+    nested = {id(child) for n in inside for child in ast.walk(n) if child is not n}
+    return [n for n in inside if id(n) not in nested]
 
 
 WORKER = r"""
@@ -139,7 +162,7 @@ from pathlib import Path
 import pytest
 
 sys.dont_write_bytecode = True
-package, tests, jobs, timeout = Path(sys.argv[1]), sys.argv[2], json.loads(Path(sys.argv[3]).read_text()), int(sys.argv[4])
+package, jobs, timeout = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), int(sys.argv[3])
 
 def alarm(*_):
     raise TimeoutError("the mutant ran past its time (an endless loop?)")
@@ -154,7 +177,7 @@ for job in jobs:
         del sys.modules[name]
     signal.alarm(timeout)
     try:
-        code = pytest.main([tests, "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "-W", "ignore"])
+        code = pytest.main([job["tests"], "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "-W", "ignore"])
     except BaseException as exc:  # a timeout that escaped pytest, or a mutant that breaks the interpreter
         code = repr(exc)
     finally:
@@ -165,8 +188,9 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-def run_mutants(chapter: int, selected: list[Mutant], per_mutant_timeout: int = 60) -> list[bool]:
-    """Killed (True) or survived (False), per mutant in ``selected``."""
+def run_mutants(selected: list[Mutant], per_mutant_timeout: int = 60) -> list[bool]:
+    """Killed (True) or survived (False), per mutant in ``selected`` (each graded on its own
+    chapter's tests; mutants of several chapters share one child process)."""
     if not selected:
         return []
     with tempfile.TemporaryDirectory(prefix="mini-infer-mutants-") as tmp:
@@ -175,12 +199,13 @@ def run_mutants(chapter: int, selected: list[Mutant], per_mutant_timeout: int = 
         shutil.copytree(PACKAGE, copy_root / "mini_infer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         run_dir = work / "run"
         run_dir.mkdir()
-        tests = prepare_run_dir(run_dir, chapter)
-        (work / "jobs.json").write_text(json.dumps([{"path": m.region.path, "source": m.source} for m in selected]))
+        tests = {c: str(prepare_run_dir(run_dir, c)) for c in sorted({m.region.chapter for m in selected})}
+        jobs = [{"path": m.region.path, "source": m.source, "tests": tests[m.region.chapter]} for m in selected]
+        (work / "jobs.json").write_text(json.dumps(jobs))
         (work / "worker.py").write_text(WORKER)
         env = child_environment(copy_root)
         env["MINI_INFER_GRADE_RESULTS"] = str(work / "results.json")
-        command = [sys.executable, str(work / "worker.py"), str(copy_root), str(tests), str(work / "jobs.json")]
+        command = [sys.executable, str(work / "worker.py"), str(copy_root), str(work / "jobs.json")]
         run = subprocess.run(
             [*command, str(per_mutant_timeout)], cwd=run_dir, env=env, capture_output=True, text=True,
             timeout=per_mutant_timeout * len(selected) + 120,
@@ -189,6 +214,11 @@ def run_mutants(chapter: int, selected: list[Mutant], per_mutant_timeout: int = 
         if line is None:
             raise RuntimeError(f"the mutation worker failed: {(run.stdout + run.stderr)[-2000:]}")
         return list(json.loads(line.removeprefix("RESULTS ")))
+
+
+def behaviour_changing(chapter_mutants: list[Mutant]) -> list[Mutant]:
+    """The mutants not known to be equivalent to the reference (what the score counts)."""
+    return [m for m in chapter_mutants if m.equivalent is None]
 
 
 def sample(chapter_mutants: list[Mutant], size: int | None, seed: int = 0) -> list[Mutant]:

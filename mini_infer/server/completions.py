@@ -131,6 +131,7 @@ class _CompletionCall(Call):
         return completion(self.head, choices, self._usage())
 
     async def _choice_chunks(self) -> AsyncGenerator[str, None]:
+        # student: begin chapter 11: each choice's echo, then a chunk per new text or logprobs, finish_reason at its end
         for index, echo in enumerate(self.echoes):
             if echo:
                 yield self.encoder.chunk([{"index": index, "text": echo, "logprobs": None, "finish_reason": None}])
@@ -147,3 +148,4 @@ class _CompletionCall(Call):
                         "finish_reason": out.finish_reason if out.finished else None,
                     }
                     yield self.encoder.chunk([choice])
+        # student: end

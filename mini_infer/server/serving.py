@@ -121,6 +121,7 @@ class Call:
     async def events(self) -> AsyncGenerator[str, None]:
         """The event stream: the chunks of choices, the usage chunk if asked for, ``[DONE]``. An engine
         that dies midway ends it with an error event; however it ends, the request is aborted."""
+        # student: begin chapter 11: the choices' chunks, the usage chunk if asked, data: [DONE]; abort however it ends
         try:
             async with aclosing(self._choice_chunks()) as chunks:
                 async for chunk in chunks:
@@ -134,6 +135,7 @@ class Call:
             yield SSE_DONE
         finally:
             self.stream.abort()  # the client left (or the engine died): free its blocks now
+        # student: end
 
     def _choice_chunks(self) -> AsyncGenerator[str, None]:
         """The chunks of choices, until every choice finished (filling ``finals``)."""
@@ -268,6 +270,8 @@ class Merged:
 
 
 def merge_batch(batch: list[tuple[int, RequestOutput]]) -> list[tuple[int, Merged]]:
+    """Fold each choice's outputs in ``batch`` into one, choices in order of first appearance."""
+    # student: begin chapter 11: fold each choice's consecutive outputs into one Merged (new text and ids joined)
     merged: dict[int, Merged] = {}
     for index, out in batch:
         m = merged.get(index)
@@ -277,6 +281,7 @@ def merge_batch(batch: list[tuple[int, RequestOutput]]) -> list[tuple[int, Merge
             m.out, m.new_text = out, m.new_text + out.new_text
             m.new_token_ids.extend(out.new_token_ids)
     return list(merged.items())
+    # student: end
 
 
 # --------------------------------------------------------------------------------------------
