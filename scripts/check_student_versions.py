@@ -4,14 +4,16 @@
     python scripts/check_student_versions.py                  # every chapter with exercises
     python scripts/check_student_versions.py notebooks/00_welcome.ipynb --jobs 1
 
-For each notebook with nbgrader cells, two runs (each notebook executes once per version, every
-cell even after an error, in a fresh kernel of this environment, with ``HF_HUB_OFFLINE=1``):
+For each notebook with nbgrader cells, these runs (each notebook executes once per version, every
+cell even after an error, in a fresh kernel of this environment, with ``HF_HUB_OFFLINE=1``, and
+each runs as ``nbgrader autograde`` would: the cells tagged ``timing`` skipped by
+``nbgrader_config.py``'s ``SkipTimingCells``; nbval runs every cell of the chapters):
 
 * the **student version** (``make_student_versions.student_version``: solutions replaced by
   ``raise NotImplementedError()``, hidden tests removed): every graded test cell must FAIL, or a
   student could score points without writing anything;
 * the **instructor version** (the notebook as committed): every cell must run without error, so
-  in particular every graded test cell PASSES;
+  in particular every graded test cell PASSES, and no cell needs what a skipped timing cell made;
 * the **wrong versions** (``wrong_answers.wrong_versions``: exercises answered with the plausible
   wrong answers in ``tests/wrong_answers/<notebook stem>.py``): every graded cell of an exercise
   answered wrongly must FAIL, or the exercise does not tell a right answer from a wrong one. Every
@@ -23,7 +25,9 @@ Prints one line per graded cell and exits non-zero on any violation.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+import runpy
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +36,10 @@ from pathlib import Path
 
 import nbformat
 from nbformat import NotebookNode
+from traitlets.config import Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from execute_notebooks import execute, find_notebooks, kernel_environment  # noqa: E402
+from execute_notebooks import ROOT, execute, find_notebooks, kernel_environment  # noqa: E402
 from make_student_versions import graded_cells, has_exercises, nbgrader_metadata, student_version  # noqa: E402
 from wrong_answers import load_wrong_answers, wrong_versions  # noqa: E402
 from wrong_answers import problems as wrong_answer_problems  # noqa: E402
@@ -55,7 +60,16 @@ def cell_error(cell: NotebookNode) -> str | None:
     return None
 
 
+def skip_timing_cells(nb: NotebookNode) -> NotebookNode:
+    """``nb`` as ``nbgrader autograde`` runs it: its ``timing`` cells replaced by a comment (a copy)."""
+    config = ROOT / "nbgrader_config.py"  # the one definition of what grading skips
+    skip = runpy.run_path(str(config), init_globals={"get_config": Config})["SkipTimingCells"]()
+    skipped, _ = skip.preprocess(copy.deepcopy(nb), {})
+    return skipped
+
+
 def run(nb: NotebookNode, cwd: Path, timeout: int, threads: int) -> Run:
+    nb = skip_timing_cells(nb)
     start = time.perf_counter()
     env = kernel_environment(online=False)
     # Kernels side by side must not ask for more threads than there are cores between them:
