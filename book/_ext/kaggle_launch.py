@@ -101,17 +101,17 @@ def _links(app: Sphinx, docname: str) -> tuple[str | None, str] | None:
     return links
 
 
-def add_run_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
-    """Insert the "Run this chapter" line right under the page title of a notebook page."""
-    links = _links(app, docname)
-    if links is None:
-        return
-    colab, kaggle = links
+def title_section(doctree: nodes.document) -> nodes.section | None:
+    """The page's first section when it opens with its title (where the run lines go), else None."""
     section = next(iter(doctree.findall(nodes.section)), None)
     if section is None or not section.children or not isinstance(section[0], nodes.title):
-        return
-    here = app.builder.get_target_uri(docname)
-    parts = ['<p class="mi-run-line"><span class="mi-run-label">Run this chapter:</span>']
+        return None
+    return section
+
+
+def run_line_links(here: str, colab: str | None, kaggle: str) -> str:
+    """The Colab (when configured) and Kaggle links of a run line, for the page at ``here``."""
+    parts = []
     if colab:
         logo = relative_uri(here, "_static/images/logo_colab.png")
         parts.append(
@@ -122,8 +122,22 @@ def add_run_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
         f'<a class="mi-run-link mi-kaggle" href="{kaggle}" target="_blank" rel="noopener">'
         f'<i class="fab fa-kaggle" aria-hidden="true"></i> Open in Kaggle</a>'
     )
-    parts.append("</p>")
-    section.insert(1, nodes.raw("", "".join(parts), format="html"))
+    return "".join(parts)
+
+
+def add_run_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Insert the "Run this chapter" line right under the page title of a notebook page."""
+    links = _links(app, docname)
+    section = title_section(doctree)
+    if links is None or section is None:
+        return
+    here = app.builder.get_target_uri(docname)
+    line = (
+        '<p class="mi-run-line"><span class="mi-run-label">Run this chapter:</span>'
+        + run_line_links(here, *links)
+        + "</p>"
+    )
+    section.insert(1, nodes.raw("", line, format="html"))
 
 
 def add_launch_menu_entry(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:

@@ -81,7 +81,14 @@ def student_path_in_repo(notebook_path_in_repo: str) -> str:
 
 def add_student_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     """Insert the "Student version" line after the "Run this chapter" line of a chapter page."""
-    from kaggle_launch import launch_urls, notebook_path_in_repo, theme_options, warn_not_github
+    from kaggle_launch import (
+        launch_urls,
+        notebook_path_in_repo,
+        run_line_links,
+        theme_options,
+        title_section,
+        warn_not_github,
+    )
 
     student, _ = student_version_of(app, docname)
     if student is None:  # none needed, or a stale one, which publish() reports once per build
@@ -91,28 +98,16 @@ def add_student_line(app: Sphinx, doctree: nodes.document, docname: str) -> None
     if links is None:
         warn_not_github()
         return
-    colab, kaggle = links
-    section = next(iter(doctree.findall(nodes.section)), None)
-    if section is None or not section.children or not isinstance(section[0], nodes.title):
+    section = title_section(doctree)
+    if section is None:
         return
     here = app.builder.get_target_uri(docname)
     download = relative_uri(here, f"{STUDENT_DIR}/{student.name}")
-    parts = [
+    line = (
         '<p class="mi-run-line mi-student-line">'
         '<span class="mi-run-label">Student version (exercises without solutions):</span>'
-    ]
-    if colab:
-        logo = relative_uri(here, "_static/images/logo_colab.png")
-        parts.append(
-            f'<a class="mi-run-link mi-colab" href="{colab}" target="_blank" rel="noopener">'
-            f'<img src="{logo}" alt="" class="mi-run-icon">Open in Colab</a>'
-        )
-    parts.append(
-        f'<a class="mi-run-link mi-kaggle" href="{kaggle}" target="_blank" rel="noopener">'
-        f'<i class="fab fa-kaggle" aria-hidden="true"></i> Open in Kaggle</a>'
-    )
-    parts.append(
-        f'<a class="mi-run-link mi-download" href="{download}" download>'
+        + run_line_links(here, *links)
+        + f'<a class="mi-run-link mi-download" href="{download}" download>'
         f'<i class="fas fa-download" aria-hidden="true"></i> {student.name}</a></p>'
     )
     # Right after kaggle_launch's "Run this chapter" line, which sits right under the title.
@@ -120,7 +115,7 @@ def add_student_line(app: Sphinx, doctree: nodes.document, docname: str) -> None
     for index, child in enumerate(section.children):
         if isinstance(child, nodes.raw) and 'class="mi-run-line"' in child.astext():
             after = index + 1
-    section.insert(after, nodes.raw("", "".join(parts), format="html"))
+    section.insert(after, nodes.raw("", line, format="html"))
 
 
 def publish(app: Sphinx, exception: Exception | None) -> None:
