@@ -57,18 +57,151 @@ class Mutant:
 
 
 # Mutants that change no behaviour: survivors of ``mini-infer course mutants NN``, each read and
-# found to behave exactly as the reference on every input, with the reason. They are left out of
-# the score ("mutants that change behaviour"); keyed by the original line's text, so that a
-# region whose code changes is judged again instead of inheriting an old verdict.
-EQUIVALENT: dict[tuple[str, str, str], str] = {
-    ("Scheduler.schedule", "n = min(seq.num_uncomputed_tokens, budget)", "min(budget, seq.num_uncomputed_tokens)"): (
-        "min of two ints is symmetric"
-    ),
+# found to behave exactly as the reference on every valid input, with the reason. They are left
+# out of the score ("mutants that change behaviour"); keyed by the original line's text, so that a
+# region whose code changes is judged again instead of inheriting an old verdict. Written below as
+# (function, original line) -> {mutated expression: reason}.
+_TRANSPOSE = "transpose(1, 0) and transpose(0, 1) swap the same two axes"
+_LAST_AXIS = "dim=1 is dim=-1: the tensor is always 2-D here ([rows, vocab])"
+_ASSERTION = "_split's one caller (_descend) always passes 0 < num_blocks < len(node.block_ids): it never fires"
+_VERDICTS: dict[tuple[str, str], dict[str, str]] = {
+    # chapter 02
+    ("RotaryEmbedding.__init__", "angles = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]"): {
+        "torch.cat((freqs, freqs), dim=1)": "freqs is an outer product, always 2-D",
+    },
+    ("folded_bias", "if group > 1 and mask.shape[-2] > 1:"): {
+        "group >= 1": "repeating the rows once (group 1) is the identity",
+        "group > 0": "repeating the rows once (group 1) is the identity",
+    },
     (
-        "Scheduler._preempt",
-        "while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:",
-        "self.waiting[index].arrival <= seq.arrival",
-    ): "arrivals are unique (a counter), and the sequence being preempted is not in the waiting queue",
+        "folded_attention",
+        "out = F.scaled_dot_product_attention(qf[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], "
+        "attn_mask=bias)[0]",
+    ): {
+        "F.scaled_dot_product_attention(qf[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], "
+        "attn_mask=bias)[-1]": "a batch of one: [-1] is [0]",
+        "k.transpose(1, 0)": _TRANSPOSE,
+        "v.transpose(1, 0)": _TRANSPOSE,
+    },
+    ("folded_attention", "out.view(num_kv_heads, group, num_queries, head_dim)"): {
+        "out.view(group, num_kv_heads, num_queries, head_dim)": (
+            "the two leading axes are merged back into heads in the same memory order (h * Tq + t either way)"
+        ),
+    },
+    ("attention", "if mask is None and causal and num_queries == num_keys and num_queries > 1:"): {
+        "num_queries >= 1": "one query over one key: the causal rule and the fold both attend to that key",
+        "num_queries > 0": "one query over one key: the causal rule and the fold both attend to that key",
+        "num_queries > 2": "two queries over two keys: the fold under causal_mask(2, 2) is the same causal attention",
+    },
+    ("attention", "kr = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)"): {
+        "k.transpose(1, 0)": _TRANSPOSE,
+    },
+    ("attention", "vr = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)"): {
+        "v.transpose(1, 0)": _TRANSPOSE,
+    },
+    ("attention", "out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), kr, vr, is_causal=True)"): {
+        "q.transpose(1, 0)": _TRANSPOSE,
+    },
+    ("attention", "return out[0].transpose(0, 1).contiguous()"): {
+        "out[0].transpose(1, 0)": _TRANSPOSE,
+        "out[-1]": "a batch of one: [-1] is [0]",
+    },
+    ("attention", "if mask is None and causal and num_queries > 1:"): {
+        "num_queries >= 1": "one query is the last position: causal_mask(1, n) is all True, the same as no mask",
+        "num_queries > 0": "one query is the last position: causal_mask(1, n) is all True, the same as no mask",
+    },
+    # chapter 04
+    ("BlockTable.ensure_capacity", "if missing <= 0:"): {
+        "missing < 0": "missing == 0 then allocates 0 blocks: can_allocate(0) is True and allocate(0) is []",
+        "missing <= -1": "missing == 0 then allocates 0 blocks: can_allocate(0) is True and allocate(0) is []",
+    },
+    ("BlockTable.shrink", "if len(self.block_ids) > keep:"): {
+        "len(self.block_ids) >= keep": "at equality it frees [] (a no-op) and deletes an empty slice",
+    },
+    # chapter 05
+    ("PagedAttention.__call__", "k_pool[:, meta.block_of_slot, meta.offset_of_slot] = k.transpose(0, 1)"): {
+        "k.transpose(1, 0)": _TRANSPOSE,
+    },
+    ("PagedAttention.__call__", "v_pool[:, meta.block_of_slot, meta.offset_of_slot] = v.transpose(0, 1)"): {
+        "v.transpose(1, 0)": _TRANSPOSE,
+    },
+    # chapter 06
+    ("Scheduler.schedule", "n = min(seq.num_uncomputed_tokens, budget)"): {
+        "min(budget, seq.num_uncomputed_tokens)": "min of two ints is symmetric",
+    },
+    # chapter 07
+    ("Scheduler._preempt", "while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:"): {
+        "self.waiting[index].arrival <= seq.arrival": (
+            "arrivals are unique (a counter), and the sequence being preempted is not in the waiting queue"
+        ),
+    },
+    # chapter 08
+    ("RadixCache.evict", "while heap and len(freed) < num_blocks:"): {
+        "len(freed) <= num_blocks": (
+            "once the quota is met the inner loop frees nothing and every node on the heap holds a block, "
+            "so the extra pops only continue"
+        ),
+    },
+    (
+        "RadixCache._descend",
+        "tokens = tokens[: len(tokens) - len(tokens) % bs]  # a partial last block never matches",
+    ): {
+        "len(tokens) + len(tokens) % bs": (
+            "a partial block still never matches: no child's key is shorter than a block, and a partial "
+            "match is floored to whole blocks"
+        ),
+    },
+    ("RadixCache._descend", "while pos < len(tokens):"): {
+        "pos <= len(tokens)": "at pos == len(tokens) the lookup key is (), which no child has: the loop breaks",
+    },
+    ("RadixCache._descend", "if tokens[pos : pos + len(run)] == run:"): {
+        "pos - len(run)": "the else branch counts a whole-node match the same way (len(run) // bs blocks)",
+    },
+    ("RadixCache._descend", "for a, b in zip(run, tokens[pos : pos + len(run)]):"): {
+        "zip(tokens[pos:pos + len(run)], run)": "a != b is symmetric, and zip stops at the shorter either way",
+    },
+    ("RadixCache._split", "assert parent is not None and 0 < num_blocks < len(node.block_ids)"): {
+        "parent is not None or 0 < num_blocks < len(node.block_ids)": _ASSERTION,
+        "0 <= num_blocks < len(node.block_ids)": _ASSERTION,
+        "0 < num_blocks <= len(node.block_ids)": _ASSERTION,
+        "-1 < num_blocks < len(node.block_ids)": _ASSERTION,
+    },
+    # chapter 09
+    ("apply_penalties", "logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)"): {
+        "logits >= 0": "a zero logit stays zero, divided or multiplied by a positive finite penalty",
+    },
+    ("apply_top_k", "vocab = logits.shape[-1]"): {"logits.shape[1]": _LAST_AXIS},
+    ("apply_top_k", "width = vocab if max_k is None else max(1, min(max_k, vocab))"): {
+        "max(min(max_k, vocab), 1)": "max of two ints is symmetric",
+        "min(vocab, max_k)": "min of two ints is symmetric",
+    },
+    ("apply_top_k", "kth_largest = logits.topk(width, dim=-1).values.gather(1, (k - 1).unsqueeze(1))"): {
+        "logits.topk(width, dim=1)": _LAST_AXIS,
+    },
+    ("apply_top_p", "probs = logits.softmax(dim=-1)"): {"logits.softmax(dim=1)": _LAST_AXIS},
+    ("apply_top_p", "sorted_probs = probs.sort(dim=-1, descending=True).values"): {
+        "probs.sort(dim=1, descending=True)": _LAST_AXIS,
+    },
+    ("apply_top_p", "mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs"): {
+        "sorted_probs.cumsum(dim=1)": _LAST_AXIS,
+    },
+    ("apply_top_p", "in_nucleus = (mass_before < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True).clamp(min=1)"): {
+        "(mass_before < top_p.unsqueeze(1)).sum(dim=1, keepdim=True)": _LAST_AXIS,
+    },
+    ("apply_min_p", "probs = logits.softmax(dim=-1)"): {"logits.softmax(dim=1)": _LAST_AXIS},
+    ("apply_min_p", "threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)"): {
+        "probs.amax(dim=1, keepdim=True)": _LAST_AXIS,
+    },
+    # chapter 10
+    ("rejection_sample", "is_draft = draft_probs.sum(dim=-1) > 0"): {"draft_probs.sum(dim=1)": _LAST_AXIS},
+    ("rejection_sample", "empty = residual.sum(dim=-1, keepdim=True) <= 0"): {
+        "residual.sum(dim=1, keepdim=True)": _LAST_AXIS,
+    },
+}
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (function, line, expression): reason
+    for (function, line), verdicts in _VERDICTS.items()
+    for expression, reason in verdicts.items()
 }
 
 
@@ -137,16 +270,34 @@ def mutants(chapter: int, package: Path = PACKAGE) -> list[Mutant]:
             mutated = copy.deepcopy(tree)
             node, kind, detail = _sites(_region_statements(mutated, region))[index]
             description = _apply(node, kind, detail)
+            shown = _shown(mutated, node, kind)  # found before a dropped sign leaves the tree
             if kind == "unary":
                 assert isinstance(node, ast.UnaryOp)
                 mutated = _Replace(node).visit(mutated)
             line = getattr(node, "lineno", region.begin_line)
-            shown = node.operand if isinstance(node, ast.UnaryOp) else node
             expression = ast.unparse(shown)
             site = (region.function, source.splitlines()[line - 1].strip(), expression)
             text = f"{region.function} line {line}: {description}: `{expression}`"
             out.append(Mutant(region, line, text, ast.unparse(mutated), site))
     return out
+
+
+def _shown(tree: ast.AST, node: ast.AST, kind: str) -> ast.AST:
+    """The mutated expression a report shows (and ``EQUIVALENT`` keys on).
+
+    An operator, comparison or swap shows its own node. A constant or a dropped sign shows the
+    expression around it (``x.chunk(2, dim=1)``, not ``1``): a line such as
+    ``k.transpose(0, 1)[0]`` holds several, and a verdict must name one mutant only.
+    """
+    if kind not in ("const", "unary"):
+        return node
+    parents = {id(child): parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    around = parents.get(id(node))
+    while around is not None and not isinstance(around, ast.stmt):
+        if isinstance(around, ast.expr) and not isinstance(around, ast.UnaryOp):
+            return around
+        around = parents.get(id(around))  # through a keyword argument or a sign
+    return node.operand if isinstance(node, ast.UnaryOp) else node
 
 
 def _region_statements(tree: ast.AST, region: Region) -> list[ast.AST]:

@@ -247,6 +247,19 @@ def test_blocks_in_use_are_never_evicted() -> None:
 
 
 @pytest.mark.points(1)
+def test_evict_frees_the_tail_of_a_leaf_whose_head_is_in_use() -> None:
+    pool, cache = make()
+    x = pool.allocate(3)
+    cache.insert(A + B + C, x)
+    pool.free(x[1:])  # the caller still uses A only: B and C are held by the tree alone
+    assert cache.num_evictable_blocks == 2
+    assert cache.evict(10) == 2  # C, then B; trimming stops at A
+    assert [pool.ref_count(b) for b in x] == [2, 0, 0]
+    assert cache.match_prefix(A + B + C).block_ids == x[:1]
+    check(pool, cache)
+
+
+@pytest.mark.points(1)
 def test_nothing_above_a_block_in_use_is_evicted() -> None:
     pool, cache = make()
     x = cache_finished(pool, cache, A)

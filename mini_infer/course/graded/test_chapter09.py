@@ -46,6 +46,14 @@ def test_top_k_disabled_below_one_and_clamped_above_the_vocabulary():
     out = apply_top_k(logits, torch.tensor([0, -1, 7]))
     assert torch.equal(out, logits)
     assert kept(apply_top_k(logits, torch.tensor([3, 2, 1]))) == [[True] * 3, [True, False, True], [True, False, False]]
+    # top_k == vocab keeps the whole row even when max_k (the largest enabled top_k) is smaller.
+    out = apply_top_k(logits, torch.tensor([3, 1, 0]), max_k=1)
+    assert kept(out) == [[True] * 3, [True, False, False], [True] * 3]
+    # max_k = 0 (no row enabled) and a one-token vocabulary: nothing to filter, and no error.
+    assert torch.equal(apply_top_k(logits, torch.tensor([0, -1, 0]), max_k=0), logits)
+    assert torch.equal(
+        apply_top_k(torch.tensor([[0.5], [2.0]]), torch.tensor([1, 0]), max_k=1), torch.tensor([[0.5], [2.0]])
+    )
 
 
 @pytest.mark.points(3)
@@ -91,16 +99,19 @@ def test_min_p():
 
 @pytest.mark.points(3)
 def test_penalties_by_hand():
-    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, -0.5, 0.0], [2.0, -2.0, 1.0, 0.5, -0.5, 0.0]])
-    prompt = torch.tensor([[1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
-    output = torch.tensor([[0, 2, 1, 0, 0, 0], [3, 0, 1, 0, 0, 0]])
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, -0.5, 0.0, 3.0, -3.0]] * 2)
+    prompt = torch.tensor([[1, 0, 0, 1, 1, 0, 0, 0], [0] * 8])
+    output = torch.tensor([[0, 2, 1, 0, 0, 0, 0, 0], [3, 0, 1, 0, 0, 0, 0, 0]])
     out = apply_penalties(
         logits, prompt, output, torch.tensor([2.0, 1.0]), torch.tensor([0.5, 0.25]), torch.tensor([0.1, 0.2])
     )
     # Row 0: tokens 0, 3, 4 seen in the prompt, 1 and 2 in the output: a positive logit is
     # divided by 2, a negative one multiplied; then -0.1 per output occurrence and -0.5 once.
+    # Tokens 5, 6 and 7, seen nowhere, keep their logits.
     # Row 1: no repetition penalty; token 0: 2.0 - 0.2 * 3 - 0.25; token 2: 1.0 - 0.2 - 0.25.
-    expected = torch.tensor([[1.0, -4.7, -0.1, 0.25, -1.0, 0.0], [1.15, -2.0, 0.55, 0.5, -0.5, 0.0]])
+    expected = torch.tensor(
+        [[1.0, -4.7, -0.1, 0.25, -1.0, 0.0, 3.0, -3.0], [1.15, -2.0, 0.55, 0.5, -0.5, 0.0, 3.0, -3.0]]
+    )
     torch.testing.assert_close(out, expected)
 
 
@@ -109,6 +120,9 @@ def test_exponential_race_by_hand():
     probs = torch.tensor([[0.2, 0.8, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 1.0], [0.5, 0.0, 0.5]])
     exponentials = torch.tensor([[1.0, 1.0, 1.0], [0.1, 1.0, 1.0], [0.001, 0.001, 5.0], [3.0, 0.0, 1.0]])
     assert exponential_race(probs, exponentials).tolist() == [1, 0, 2, 2]
+    # Rows of any rank race on their last axis: one row alone, or a batch of batches.
+    assert exponential_race(probs[1], exponentials[1]).tolist() == 0
+    assert exponential_race(probs.view(2, 2, 3), exponentials.view(2, 2, 3)).tolist() == [[1, 0], [2, 2]]
 
 
 @pytest.mark.points(2)
