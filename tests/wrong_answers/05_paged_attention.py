@@ -1,18 +1,83 @@
 """Chapter 05's exercises answered wrongly, as a student plausibly would (see scripts/wrong_answers.py)."""
 
 WRONG_ANSWERS = {
-    "slot-mapping-solution": [
-        # Forgets to multiply the physical block by the block size.
-        "return [table[p // block_size] + p % block_size for table, start, end in chunks for p in range(start, end)]",
-        # Maps every position of the sequence, the cached ones included, not only this step's.
-        "return [table[p // block_size] * block_size + p % block_size for table, start, end in chunks for p in range(end)]",
-        # Off by one: takes end as the last position computed, not one past it.
-        "return [table[p // block_size] * block_size + p % block_size for table, start, end in chunks for p in range(start, end + 1)]",
+    "overwritten-solution": [
+        # Flags any slot another sequence also reads: prefix sharing, which is fine, counts as a clash.
+        """
+users: dict[int, set[int]] = {}
+for i, (table, start, end) in enumerate(chunks):
+    if not 0 <= start < end <= len(table) * block_size:
+        raise ValueError(f"sequence {i}: bad chunk")
+    for p in range(end):
+        users.setdefault(table[p // block_size] * block_size + p % block_size, set()).add(i)
+return sorted(
+    (i, p)
+    for i, (table, _, end) in enumerate(chunks)
+    for p in range(end)
+    if users[table[p // block_size] * block_size + p % block_size] - {i}
+)
+""",
+        # Checks only the positions a sequence writes itself: misses the cached keys another sequence overwrites.
+        """
+writers: dict[int, set[int]] = {}
+for i, (table, start, end) in enumerate(chunks):
+    if not 0 <= start < end <= len(table) * block_size:
+        raise ValueError(f"sequence {i}: bad chunk")
+    for p in range(start, end):
+        writers.setdefault(table[p // block_size] * block_size + p % block_size, set()).add(i)
+return sorted(
+    (i, p)
+    for i, (table, start, end) in enumerate(chunks)
+    for p in range(start, end)
+    if writers[table[p // block_size] * block_size + p % block_size] - {i}
+)
+""",
+        # Works by blocks: every position read in a block another sequence writes into, even in slots nobody writes.
+        """
+writers: dict[int, set[int]] = {}
+for i, (table, start, end) in enumerate(chunks):
+    if not 0 <= start < end <= len(table) * block_size:
+        raise ValueError(f"sequence {i}: bad chunk")
+    for p in range(start, end):
+        writers.setdefault(table[p // block_size], set()).add(i)
+return sorted(
+    (i, p)
+    for i, (table, _, end) in enumerate(chunks)
+    for p in range(end)
+    if writers.get(table[p // block_size], set()) - {i}
+)
+""",
+        # Reads only the cached positions (range(start)): two sequences writing one slot go unnoticed.
+        """
+writers: dict[int, set[int]] = {}
+for i, (table, start, end) in enumerate(chunks):
+    if not 0 <= start < end <= len(table) * block_size:
+        raise ValueError(f"sequence {i}: bad chunk")
+    for p in range(start, end):
+        writers.setdefault(table[p // block_size] * block_size + p % block_size, set()).add(i)
+return sorted(
+    (i, p)
+    for i, (table, start, _) in enumerate(chunks)
+    for p in range(start)
+    if writers.get(table[p // block_size] * block_size + p % block_size, set()) - {i}
+)
+""",
         # Calls the package's own slot mapping.
         """
 from mini_infer.kv.block_pool import slot_mapping as package_slot_mapping
 
-return [slot for table, start, end in chunks for slot in package_slot_mapping(table, start, end, block_size)]
+writers: dict[int, set[int]] = {}
+for i, (table, start, end) in enumerate(chunks):
+    if not 0 <= start < end <= len(table) * block_size:
+        raise ValueError(f"sequence {i}: bad chunk")
+    for slot in package_slot_mapping(table, start, end, block_size):
+        writers.setdefault(slot, set()).add(i)
+return sorted(
+    (i, p)
+    for i, (table, _, end) in enumerate(chunks)
+    for p, slot in enumerate(package_slot_mapping(table, 0, end, block_size))
+    if writers.get(slot, set()) - {i}
+)
 """,
     ],
     "group-mask-solution": [

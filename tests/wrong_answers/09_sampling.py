@@ -1,61 +1,93 @@
 """Chapter 09's exercises answered wrongly, as a student plausibly would (see scripts/wrong_answers.py)."""
 
 WRONG_ANSWERS = {
-    "top-p-solution": [
-        # The mass *including* the token: the token that carries the nucleus over p is dropped.
+    "top-p-interval-solution": [
+        # Ignores ties: answers an interval for an n inside a group of tied tokens, which top-p never stops at.
         """
-if p >= 1:
-    return logits.clone()
-probs = logits.softmax(dim=-1)
-ordered = probs.sort(descending=True).values
-size = max(1, int((ordered.cumsum(dim=-1) < p).sum()))
-return logits.masked_fill(probs < ordered[size - 1], -math.inf)
+if not 1 <= n <= len(logits):
+    raise ValueError(f"n must be between 1 and {len(logits)}, got {n}")
+ordered = logits.softmax(dim=-1).sort(descending=True).values
+mass = ordered.cumsum(dim=-1)
+lo = float(mass[n - 2]) if n > 1 else 0.0
+hi = float(mass[n - 1]) if n < len(ordered) else 1.0
+return lo, hi
 """,
-        # The first `size` tokens of the sorted order by index: a token tied with the last one is cut.
+        # Off by one: reads 'keep while the mass up to and including the token is below p'.
         """
-if p >= 1:
-    return logits.clone()
-probs = logits.softmax(dim=-1)
-order = probs.argsort(descending=True)
-ordered = probs[order]
-size = int((ordered.cumsum(dim=-1) - ordered < p).sum())
-keep = torch.zeros_like(probs, dtype=torch.bool)
-keep[order[:size]] = True
-return logits.masked_fill(~keep, -math.inf)
+if not 1 <= n <= len(logits):
+    raise ValueError(f"n must be between 1 and {len(logits)}, got {n}")
+ordered = logits.softmax(dim=-1).sort(descending=True).values
+if n < len(ordered) and ordered[n] == ordered[n - 1]:
+    return None
+mass = ordered.cumsum(dim=-1)
+first = int((ordered > ordered[n - 1]).sum())
+lo = float(mass[first]) if first < len(ordered) else 1.0
+hi = float(mass[n]) if n < len(ordered) else 1.0
+return lo, hi
 """,
-        # No special case for p = 1: rounding makes the mass before a very unlikely token reach 1.
+        # Checks the tie with the token before the n-th, not the one after it.
         """
-probs = logits.softmax(dim=-1)
-ordered = probs.sort(descending=True).values
-mass_before = ordered.cumsum(dim=-1) - ordered
-size = int((mass_before < p).sum())
-return logits.masked_fill(probs < ordered[size - 1], -math.inf)
+if not 1 <= n <= len(logits):
+    raise ValueError(f"n must be between 1 and {len(logits)}, got {n}")
+ordered = logits.softmax(dim=-1).sort(descending=True).values
+if n > 1 and ordered[n - 2] == ordered[n - 1]:
+    return None
+mass = ordered.cumsum(dim=-1)
+lo = float(mass[n - 2]) if n > 1 else 0.0
+hi = float(mass[n - 1]) if n < len(ordered) else 1.0
+return lo, hi
 """,
-        # The package's top-p: the exercise asks for the rule itself.
-        "return apply_top_p(logits[None], torch.tensor([p]))[0]",
+        # Searches with the package's top-p instead of reasoning about the mass.
+        """
+if not 1 <= n <= len(logits):
+    raise ValueError(f"n must be between 1 and {len(logits)}, got {n}")
+ordered = logits.softmax(dim=-1).sort(descending=True).values
+edges = sorted(set((ordered.cumsum(-1) - ordered).tolist() + [1.0]))
+hits = [(a, b) for a, b in zip(edges, edges[1:])
+        if int(torch.isfinite(apply_top_p(logits[None], torch.tensor([(a + b) / 2]))[0]).sum()) == n]
+return (hits[0][0], hits[-1][1]) if hits else None
+""",
     ],
-    "temperature-top-k-solution": [
-        # Multiplies by the temperature instead of dividing.
+    "harmless-top-k-solution": [
+        # The size of the nucleus: forgets that top-p renormalises over what top-k left.
         """
-scaled = logits * temperature
-kth_largest = scaled.sort(descending=True).values[min(k, len(scaled)) - 1]
-return scaled.masked_fill(scaled < kth_largest, -math.inf).softmax(dim=-1)
+ordered = (logits / temperature).softmax(dim=-1).sort(descending=True).values
+before = ordered.cumsum(dim=-1) - ordered
+last = max(int((before < top_p).sum()), 1) - 1
+return int((ordered >= ordered[last]).sum())
 """,
-        # torch.topk keeps exactly k tokens: one tied with the k-th is dropped.
+        # Forgets the temperature: the filters see logits / T, not the logits.
         """
-scaled = logits / temperature
-keep = torch.zeros_like(scaled, dtype=torch.bool)
-keep[scaled.topk(min(k, len(scaled))).indices] = True
-return scaled.masked_fill(~keep, -math.inf).softmax(dim=-1)
+ordered = logits.softmax(dim=-1).sort(descending=True).values
+before = ordered.cumsum(dim=-1) - ordered
+last = max(int((before < top_p).sum()), 1) - 1
+first = int((ordered > ordered[last]).sum())
+for k in range(first + 1, len(ordered) + 1):
+    left = float(ordered[ordered >= ordered[k - 1]].sum())
+    if before[first] < top_p * left:
+        return k
+return len(ordered)
 """,
-        # Softmax first, then zeros for the removed tokens: what is left no longer sums to 1.
+        # Takes top-k as exactly k tokens: a token tied with the k-th is not counted in what top-k keeps.
         """
-scaled = logits / temperature
-kth_largest = scaled.sort(descending=True).values[min(k, len(scaled)) - 1]
-return scaled.softmax(dim=-1).masked_fill(scaled < kth_largest, 0.0)
+ordered = (logits / temperature).softmax(dim=-1).sort(descending=True).values
+before = ordered.cumsum(dim=-1) - ordered
+last = max(int((before < top_p).sum()), 1) - 1
+first = int((ordered > ordered[last]).sum())
+for k in range(first + 1, len(ordered) + 1):
+    left = float(ordered[:k].sum())
+    if before[first] < top_p * left:
+        return k
+return len(ordered)
 """,
-        # The package's sampler does it: the exercise asks for the rule itself.
-        "return probs_from_logits(logits[None], [SamplingParams(temperature=temperature, top_k=k)])[0]",
+        # Tries every k with the package's sampler distribution.
+        """
+without = probs_from_logits(logits[None], [SamplingParams(temperature=temperature, top_p=top_p)])[0]
+for k in range(1, len(logits) + 1):
+    if torch.equal(probs_from_logits(logits[None], [SamplingParams(temperature=temperature, top_k=k, top_p=top_p)])[0], without):
+        return k
+return len(logits)
+""",
     ],
     "held-back-solution": [
         # The shortest end that starts a stop string, not the longest.
