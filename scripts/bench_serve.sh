@@ -55,17 +55,7 @@ start_server() {  # model directory, then extra `mini-infer serve` options
     "$BIN/mini-infer" serve --model "$MODEL" --served-model-name bench --dtype "$DTYPE" \
         --port "$PORT" --log-level warning "$@" &
     SERVER_PID=$!
-    "$BIN/python" -c 'import os, sys
-from mini_infer.server.background import wait_until_healthy
-
-def alive(pid=int(sys.argv[2])):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-wait_until_healthy(sys.argv[1], 300, alive)' "$URL" "$SERVER_PID"
+    "$BIN/python" -m mini_infer.server.background "$URL" "$SERVER_PID"
 }
 
 servebench() {

@@ -4,20 +4,22 @@
     python scripts/check_student_versions.py                  # every chapter with exercises
     python scripts/check_student_versions.py notebooks/00_welcome.ipynb --jobs 1
 
-For each notebook with nbgrader cells, these runs (each notebook executes once per version, every
-cell even after an error, in a fresh kernel of this environment, with ``HF_HUB_OFFLINE=1``, and
-each runs as ``nbgrader autograde`` would: the cells tagged ``timing`` skipped by
-``nbgrader_config.py``'s ``SkipTimingCells``; nbval runs every cell of the chapters):
+For each notebook with nbgrader cells, two runs (each executes the notebook in a fresh kernel of
+this environment, every cell even after an error, with ``HF_HUB_OFFLINE=1``, as ``nbgrader
+autograde`` would: the cells tagged ``timing`` skipped by ``nbgrader_config.py``'s
+``SkipTimingCells``; nbval runs every cell of the chapters):
 
 * the **student version** (``make_student_versions.student_version``: solutions replaced by
   ``raise NotImplementedError()``, hidden tests removed): every graded test cell must FAIL, or a
   student could score points without writing anything;
-* the **instructor version** (the notebook as committed): every cell must run without error, so
-  in particular every graded test cell PASSES, and no cell needs what a skipped timing cell made;
-* the **wrong versions** (``wrong_answers.wrong_versions``: exercises answered with the plausible
-  wrong answers in ``tests/wrong_answers/<notebook stem>.py``): every graded cell of an exercise
-  answered wrongly must FAIL, or the exercise does not tell a right answer from a wrong one. Every
-  exercise needs at least one wrong answer.
+* the **instructor version with the wrong answers replayed** (``wrong_answers.with_wrong_answers``:
+  after each exercise, the exercise again once per plausible wrong answer in
+  ``tests/wrong_answers/<notebook stem>.py``, then once more with the instructor's solution):
+  every cell of the notebook itself must run without error, so in particular every graded test
+  cell PASSES and no cell needs what a skipped timing cell made; every graded cell replayed with a
+  wrong answer must FAIL, or the exercise does not tell a right answer from a wrong one; the
+  replay with the instructor's solution must pass again. Every exercise needs at least one wrong
+  answer.
 
 Prints one line per graded cell and exits non-zero on any violation.
 """
@@ -41,7 +43,7 @@ from traitlets.config import Config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from execute_notebooks import ROOT, execute, find_notebooks, kernel_environment  # noqa: E402
 from make_student_versions import graded_cells, has_exercises, nbgrader_metadata, student_version  # noqa: E402
-from wrong_answers import load_wrong_answers, wrong_versions  # noqa: E402
+from wrong_answers import RESTORE, load_wrong_answers, replay_of, with_wrong_answers  # noqa: E402
 from wrong_answers import problems as wrong_answer_problems  # noqa: E402
 
 
@@ -85,16 +87,18 @@ def check_notebook(path: Path, *, timeout: int, jobs: int) -> list[str]:
     student = student_version(instructor)
     answers = load_wrong_answers(path)
     problems = wrong_answer_problems(instructor, answers, path.name)
-    wrong = wrong_versions(instructor, answers)
+    checked = with_wrong_answers(instructor, answers)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         student_future = pool.submit(run, student, path.parent, timeout, threads)
-        instructor_future = pool.submit(run, instructor, path.parent, timeout, threads)
-        wrong_futures = [pool.submit(run, version.nb, path.parent, timeout, threads) for version in wrong]
+        instructor_future = pool.submit(run, checked, path.parent, timeout, threads)
         student_run, instructor_run = student_future.result(), instructor_future.result()
-        wrong_runs = [future.result() for future in wrong_futures]
 
-    print(f"{path.name}: student run {student_run.seconds:.1f} s, instructor run {instructor_run.seconds:.1f} s")
+    replays = sum(1 for c in instructor_run.nb.cells if (r := replay_of(c)) and r.graded and r.answer != RESTORE)
+    print(
+        f"{path.name}: student run {student_run.seconds:.1f} s, instructor run with"
+        f" {replays} graded cells replayed on wrong answers {instructor_run.seconds:.1f} s"
+    )
     student_graded = {nbgrader_metadata(c)["grade_id"]: c for _, c in graded_cells(student_run.nb)}
     for index, cell in graded_cells(instructor_run.nb):
         meta = nbgrader_metadata(cell)
@@ -102,33 +106,27 @@ def check_notebook(path: Path, *, timeout: int, jobs: int) -> list[str]:
         instructor_error = cell_error(cell)
         student_cell = student_graded.get(grade_id)
         student_error = cell_error(student_cell) if student_cell is not None else "missing"
-        ok_instructor = instructor_error is None
-        ok_student = student_error is not None
         instructor_result = "passes" if instructor_error is None else f"FAILS: {instructor_error}"
         student_result = f"fails ({student_error})" if student_error is not None else "PASSES without a solution"
         print(f"  cell {index:>3} {grade_id} ({points} pt): instructor {instructor_result}; student {student_result}")
-        if not ok_instructor:
+        if instructor_error is not None:
             problems.append(f"{path.name}: graded cell {grade_id} fails on the instructor version: {instructor_error}")
-        if not ok_student:
+        if student_error is None:
             problems.append(f"{path.name}: graded cell {grade_id} passes on the student version")
 
-    for round_number, (version, wrong_run) in enumerate(zip(wrong, wrong_runs), start=1):
-        print(
-            f"  wrong answers, round {round_number} ({wrong_run.seconds:.1f} s): {', '.join(version.answered_wrongly)}"
-        )
-        errors = {nbgrader_metadata(c)["grade_id"]: cell_error(c) for _, c in graded_cells(wrong_run.nb)}
-        for grade_id in version.must_fail:
-            error = errors.get(grade_id)
-            print(f"    {grade_id}: " + (f"fails ({error})" if error is not None else "PASSES a wrong answer"))
-            if error is None:
-                problems.append(f"{path.name}: graded cell {grade_id} passes wrong answer {round_number}")
-
-    # Any error in the instructor version is a broken chapter, graded cell or not.
     for index, cell in enumerate(instructor_run.nb.cells):
-        if cell.cell_type == "code" and not nbgrader_metadata(cell).get("grade"):
-            error = cell_error(cell)
-            if error is not None:
+        replay, error = replay_of(cell), cell_error(cell) if cell.cell_type == "code" else None
+        if replay is None:  # the notebook's own cells: any error is a broken chapter, graded cell or not
+            if error is not None and not nbgrader_metadata(cell).get("grade"):
                 problems.append(f"{path.name}: cell {index} fails on the instructor version: {error}")
+        elif replay.answer == RESTORE:
+            if error is not None:
+                problems.append(f"{path.name}: {replay.exercise} replayed with its solution fails: {error}")
+        elif replay.graded is not None:
+            wrong = f"{replay.exercise}[{replay.answer}]"
+            print(f"  wrong answer {wrong}: {replay.graded} " + (f"fails ({error})" if error else "PASSES"))
+            if error is None:
+                problems.append(f"{path.name}: graded cell {replay.graded} passes wrong answer {wrong}")
     return problems
 
 

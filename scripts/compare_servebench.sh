@@ -63,17 +63,7 @@ TOKENIZER=$("$BIN/python" -c 'from mini_infer.model_source import resolve_model;
     --no-enable-prefix-caching &
 SERVER_PID=$!
 trap 'kill $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
-"$BIN/python" -c 'import os, sys
-from mini_infer.server.background import wait_until_healthy
-
-def alive(pid=int(sys.argv[2])):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-wait_until_healthy(sys.argv[1], 300, alive)' "$URL" "$SERVER_PID"
+"$BIN/python" -m mini_infer.server.background "$URL" "$SERVER_PID"
 
 server_ttft() {  # the server's own TTFT histogram (from each request's arrival) after the run $1
     curl -s "$URL/metrics" | { grep -E '^mini_infer:time_to_first_token_seconds_(sum|count)' || true; } |

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -88,7 +90,14 @@ def execute(
     With ``allow_errors`` every cell runs even after a failure and errors are stored as outputs;
     without it the first error raises ``nbclient.exceptions.CellExecutionError``.
     """
-    km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnvKernelSpecManager())
+    # IPC sockets, not TCP ports: kernels started side by side (check_student_versions runs two,
+    # other processes more) cannot race for a port, and a message cannot reach the wrong kernel.
+    # A lost kernel_info reply once stalled a run for the full timeout.
+    # The socket files' prefix must be absolute: the kernel runs in the notebook's folder.
+    sockets = Path(tempfile.mkdtemp(prefix="mini-infer-kernel-")) / "kernel"
+    km = AsyncKernelManager(
+        kernel_name="python3", kernel_spec_manager=CurrentEnvKernelSpecManager(), transport="ipc", ip=str(sockets)
+    )
     client = NotebookClient(
         nb,
         km=km,
@@ -107,6 +116,7 @@ def execute(
         # script ends, and a run over all chapters runs out of memory.
         if km.has_kernel:
             run_sync(km.shutdown_kernel)(now=True)
+        shutil.rmtree(sockets.parent, ignore_errors=True)
     return nb
 
 

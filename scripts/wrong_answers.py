@@ -12,9 +12,14 @@ call to the package's own function where the exercise asks for it to be written)
 that cannot run. The graded cells of exercise ``X-solution`` are those whose grade_id starts with
 ``X-``.
 
-``scripts/check_student_versions.py`` runs ``wrong_versions(nb)``: version i answers every
-exercise with its i-th wrong answer (exercises with fewer keep the instructor's solution), and
-every graded cell of an exercise answered wrongly must fail.
+``scripts/check_student_versions.py`` runs ``with_wrong_answers(nb, answers)``: the instructor's
+notebook in which, after each exercise's last graded cell, the exercise is replayed once per wrong
+answer (its solution cell answered wrongly, then every code cell up to its last graded cell
+again) and finally once more with the instructor's solution, which puts back what later cells
+need. One kernel run checks every wrong answer, each in the state its exercise normally runs in
+and with every other exercise answered correctly. Every graded cell of a wrong replay must fail;
+every cell of the instructor's own cells and of the restoring replay must pass. The replayed
+cells carry ``metadata["wrong_answer"]`` (a ``Replay``'s fields) and no nbgrader metadata.
 """
 
 from __future__ import annotations
@@ -32,13 +37,17 @@ WRONG_ANSWERS_DIR = ROOT / "tests" / "wrong_answers"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 
-@dataclass
-class WrongVersion:
-    """A notebook with some exercises answered wrongly, and the graded cells that must fail."""
+RESTORE = -1  # the answer number of the replay that runs the instructor's solution again
 
-    nb: NotebookNode
-    answered_wrongly: list[str]  # solution grade_ids
-    must_fail: list[str]  # graded cells' grade_ids
+
+@dataclass(frozen=True)
+class Replay:
+    """One replayed cell: which exercise, which wrong answer (``RESTORE``: the instructor's), and
+    the grade_id of the graded cell it copies (None for the solution and the cells between)."""
+
+    exercise: str  # the solution cell's grade_id
+    answer: int
+    graded: str | None
 
 
 def wrong_answers_file(notebook: Path) -> Path:
@@ -114,24 +123,52 @@ def replace_solution(source: str, code: str) -> str:
     return "\n".join(lines[: begin + 1] + body + lines[end:])
 
 
-def wrong_versions(nb: NotebookNode, answers: dict[str, list[str]]) -> list[WrongVersion]:
-    """One notebook per round of wrong answers (see the module docstring)."""
-    rounds = max((len(codes) for codes in answers.values()), default=0)
-    versions = []
-    for i in range(rounds):
-        version = copy.deepcopy(nb)
-        wrong, must_fail = [], []
-        for cell in version.cells:
-            solution_id = _grade_id(cell)
-            codes = answers.get(solution_id or "", [])
-            if (
-                solution_id is None
-                or i >= len(codes)
-                or not cell.get("metadata", {}).get("nbgrader", {}).get("solution")
-            ):
-                continue
-            cell.source = replace_solution(cell.source, codes[i])
-            wrong.append(solution_id)
-            must_fail += graded_ids_of(nb, solution_id)
-        versions.append(WrongVersion(version, wrong, must_fail))
-    return versions
+def replay_of(cell: NotebookNode) -> Replay | None:
+    """The ``Replay`` a cell of ``with_wrong_answers``'s notebook is, None for the notebook's own cells."""
+    meta = cell.get("metadata", {}).get("wrong_answer")
+    return None if meta is None else Replay(meta["exercise"], meta["answer"], meta["graded"])
+
+
+def _replayed(cell: NotebookNode, replay: Replay, number: int) -> NotebookNode:
+    copied = copy.deepcopy(cell)
+    copied.metadata.pop("nbgrader", None)  # a copy is no graded cell: nbgrader must not count it twice
+    copied.metadata["wrong_answer"] = {"exercise": replay.exercise, "answer": replay.answer, "graded": replay.graded}
+    copied.outputs, copied.execution_count = [], None
+    if "id" in cell:
+        copied["id"] = f"{cell.id}-r{number}"[-64:]  # nbformat ids: unique, at most 64 characters
+    return copied
+
+
+def with_wrong_answers(nb: NotebookNode, answers: dict[str, list[str]]) -> NotebookNode:
+    """``nb`` with every wrong answer replayed after its exercise (see the module docstring)."""
+    out = copy.deepcopy(nb)
+    out.cells = []
+    solutions = set(solution_ids(nb))
+    spans: dict[int, tuple[str, list[NotebookNode]]] = {}  # index of an exercise's last graded cell -> span
+    for index, cell in enumerate(nb.cells):
+        solution_id = _grade_id(cell)
+        if solution_id not in solutions or not answers.get(solution_id):
+            continue
+        graded = set(graded_ids_of(nb, solution_id))
+        last = max((i for i, c in enumerate(nb.cells) if _grade_id(c) in graded), default=index)
+        span = [c for c in nb.cells[index : last + 1] if c.cell_type == "code"]
+        if any(_grade_id(c) in solutions for c in span[1:]):
+            raise ValueError(f"{solution_id}: another exercise's solution lies between it and its graded cells")
+        spans[last] = (solution_id, span)
+    number = 0
+    for index, cell in enumerate(nb.cells):
+        out.cells.append(cell)
+        if index not in spans:
+            continue
+        solution_id, span = spans[index]
+        graded = set(graded_ids_of(nb, solution_id))
+        for answer, code in [*enumerate(answers[solution_id]), (RESTORE, None)]:
+            for span_cell in span:
+                number += 1
+                grade_id = _grade_id(span_cell)
+                replay = Replay(solution_id, answer, grade_id if grade_id in graded else None)
+                copied = _replayed(span_cell, replay, number)
+                if span_cell is span[0] and code is not None:
+                    copied.source = replace_solution(span_cell.source, code)
+                out.cells.append(copied)
+    return out

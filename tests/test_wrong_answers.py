@@ -13,12 +13,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from wrong_answers import (  # noqa: E402
+    RESTORE,
     WRONG_ANSWERS_DIR,
+    Replay,
     graded_ids_of,
     load_wrong_answers,
     problems,
     replace_solution,
-    wrong_versions,
+    replay_of,
+    with_wrong_answers,
 )
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -45,14 +48,33 @@ def test_a_wrong_answer_replaces_only_the_solution_region_at_its_indentation() -
         replace_solution("return x", "return 1")
 
 
-def test_rounds_use_the_ith_wrong_answer_and_name_the_cells_that_must_fail() -> None:
+def test_each_wrong_answer_is_replayed_after_its_exercise_then_the_solution_again() -> None:
     nb = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
     answers = {"kv-bytes-solution": ["return 0"], "blocks-needed-solution": ["return 1", "return 2"]}
-    first, second = wrong_versions(nb, answers)
-    assert first.answered_wrongly == ["kv-bytes-solution", "blocks-needed-solution"]
-    assert first.must_fail == graded_ids_of(nb, "kv-bytes-solution") + graded_ids_of(nb, "blocks-needed-solution")
-    assert second.answered_wrongly == ["blocks-needed-solution"]
-    sources = [c.source for c in second.nb.cells if "def blocks_needed" in c.source]
-    assert len(sources) == 1 and "    return 2\n" in sources[0] and "-(-num_tokens" not in sources[0]
-    untouched = [c.source for c in second.nb.cells if "def kv_bytes_per_token" in c.source]
-    assert "2 * num_layers" in untouched[0]  # no wrong answer left for it: the instructor's solution
+    checked = with_wrong_answers(nb, answers)
+    own = [c for c in checked.cells if replay_of(c) is None]
+    assert [c.source for c in own] == [c.source for c in nb.cells]  # the notebook itself, unchanged
+
+    replays = [(i, replay_of(c), c) for i, c in enumerate(checked.cells) if replay_of(c) is not None]
+    graded = graded_ids_of(nb, "blocks-needed-solution")
+    blocks = [(r.answer, r.graded) for _, r, _ in replays if r.exercise == "blocks-needed-solution"]
+    # per replay: the solution cell, then every code cell up to the last graded one (here: graded only)
+    assert blocks == [(a, g) for a in (0, 1, RESTORE) for g in [None, *graded]]
+    solutions = [c.source for _, r, c in replays if r.exercise == "blocks-needed-solution" and r.graded is None]
+    assert "    return 1\n" in solutions[0] and "    return 2\n" in solutions[1]
+    assert "-(-num_tokens" in solutions[2]  # the last replay puts the instructor's solution back
+
+    # each replay comes right after its exercise's last graded cell, before the next cell of the notebook
+    last_graded = max(
+        i
+        for i, c in enumerate(checked.cells)
+        if replay_of(c) is None and c.metadata.get("nbgrader", {}).get("grade_id") in graded
+    )
+    first_replay = min(i for i, r, _ in replays if r.exercise == "blocks-needed-solution")
+    assert first_replay == last_graded + 1
+    for _, replay, cell in replays:
+        assert "nbgrader" not in cell.metadata  # nbgrader never counts a copy as a graded cell
+        assert replay == Replay(replay.exercise, replay.answer, replay.graded)
+    ids = [c.id for c in checked.cells]
+    assert len(ids) == len(set(ids))
+    nbformat.validate(checked)

@@ -9,11 +9,15 @@ so parallel runs never collide), and waits until the server is listening::
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
 
 Loopback only by default. Every wait is bounded. ``wait_until_healthy`` is the same wait for a
-server in another process (``bench_overhead``, ``scripts/bench_serve.sh``).
+server in another process (``bench_overhead``); the shell scripts that start ``mini-infer serve``
+(``scripts/bench_serve.sh``, ``scripts/compare_servebench.sh``) wait with
+``python -m mini_infer.server.background URL PID``.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import socket
 import threading
 import time
@@ -89,3 +93,35 @@ def wait_until_healthy(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the server at {base_url} was not ready within {timeout} s")
             time.sleep(poll_s)
+
+
+def process_alive(pid: int) -> Callable[[], bool]:
+    """``alive`` for ``wait_until_healthy``: does process ``pid`` still exist?"""
+
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    return alive
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m mini_infer.server.background",
+        description="Wait until the server at URL, run by process PID, answers GET /health with 200.",
+    )
+    parser.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("pid", type=int, help="the server's process id: stop waiting as soon as it exits")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait at most (default 300)")
+    args = parser.parse_args(argv)
+    try:
+        wait_until_healthy(args.url, args.timeout, process_alive(args.pid))
+    except (RuntimeError, TimeoutError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()

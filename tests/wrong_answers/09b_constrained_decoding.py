@@ -22,28 +22,78 @@ return words.clamp(max=2**31 - 1).to(torch.int32)
         # The package's token_bitmask: the exercise asks for the packing itself.
         "return token_bitmask(allowed.nonzero().flatten().tolist(), len(allowed))",
     ],
-    "choice-mask-solution": [
-        # Never allows the end-of-turn tokens: a finished choice can never end.
+    "integer-range-solution": [
+        # Checks the prefix's own value against the range: "1" is refused in 37..4200, though 1234 begins with it.
         """
-return torch.tensor([bool(piece) and any(c.startswith(text + piece) for c in choices) for piece in token_texts])
-""",
-        # Allows the end-of-turn tokens at every step: "P" could end the answer.
-        """
-allowed = torch.tensor([bool(piece) and any(c.startswith(text + piece) for c in choices) for piece in token_texts])
-allowed[eos_ids] = True
+def can_become(digits):
+    if not (digits.isascii() and digits.isdigit()) or (digits[0] == "0" and len(digits) > 1):
+        return False
+    return lo <= int(digits) <= hi
+
+allowed = torch.tensor([bool(piece) and can_become(text + piece) for piece in token_texts])
+allowed[eos_ids] = bool(text) and can_become(text)
 return allowed
 """,
-        # Compares the token alone with the choices' beginnings, forgetting the text already written.
+        # Only the upper bound: a prefix is allowed while it does not exceed hi, so "1" passes in 20..29.
         """
-allowed = torch.tensor([bool(piece) and any(c.startswith(piece) for c in choices) for piece in token_texts])
-allowed[eos_ids] = text in choices
+def can_become(digits):
+    if not (digits.isascii() and digits.isdigit()) or (digits[0] == "0" and len(digits) > 1):
+        return False
+    return int(digits) <= hi
+
+allowed = torch.tensor([bool(piece) and can_become(text + piece) for piece in token_texts])
+allowed[eos_ids] = bool(text) and can_become(text) and lo <= int(text)
 return allowed
 """,
-        # Tokens with an empty text (special tokens) "keep the text a prefix" and are allowed too.
+        # Forgets the zero: "0" counts as the beginning of every number from 0 to 9..9, and "07" is 7.
         """
-allowed = torch.tensor([any(c.startswith(text + piece) for c in choices) for piece in token_texts])
-allowed[eos_ids] = text in choices
+def can_become(digits):
+    if not (digits.isascii() and digits.isdigit()):
+        return False
+    for j in range(len(str(hi)) - len(digits) + 1):
+        if int(digits) * 10**j <= hi and (int(digits) + 1) * 10**j - 1 >= lo:
+            return True
+    return False
+
+allowed = torch.tensor([bool(piece) and can_become(text + piece) for piece in token_texts])
+allowed[eos_ids] = can_become(text) and lo <= int(text) <= hi
 return allowed
+""",
+        # Off by one at the top of each interval: "1" followed by one digit reaches 20, so "1" passes in 20..29.
+        """
+def can_become(digits):
+    if not (digits.isascii() and digits.isdigit()) or (digits[0] == "0" and len(digits) > 1):
+        return False
+    if digits == "0":
+        return lo == 0
+    for j in range(len(str(hi)) - len(digits) + 1):
+        if int(digits) * 10**j <= hi and (int(digits) + 1) * 10**j >= lo:
+            return True
+    return False
+
+allowed = torch.tensor([bool(piece) and can_become(text + piece) for piece in token_texts])
+allowed[eos_ids] = can_become(text) and lo <= int(text) <= hi
+return allowed
+""",
+        # Pads every prefix to the length of hi: numbers shorter than hi are missed (5 in 5..10**12).
+        """
+def can_become(digits):
+    if not (digits.isascii() and digits.isdigit()) or (digits[0] == "0" and len(digits) > 1):
+        return False
+    if digits == "0":
+        return lo == 0
+    j = len(str(hi)) - len(digits)
+    return j >= 0 and int(digits) * 10**j <= hi and (int(digits) + 1) * 10**j - 1 >= lo
+
+allowed = torch.tensor([bool(piece) and can_become(text + piece) for piece in token_texts])
+allowed[eos_ids] = bool(text) and lo <= int(text) <= hi
+return allowed
+""",
+        # The grammar engine's own mask: the exercise asks for the arithmetic that produces it.
+        """
+matcher = masks.matcher_for(StructuredOutputsParams(json={"type": "integer", "minimum": lo, "maximum": hi}))
+matcher.consume_tokens(tokenizer.encode(text))
+return package_allowed(matcher)
 """,
     ],
     "forced-text-solution": [

@@ -1,32 +1,50 @@
 """Chapter 12's exercises answered wrongly, as a student plausibly would (see scripts/wrong_answers.py)."""
 
 WRONG_ANSWERS = {
-    "tpot-itl-solution": [
-        # Divides by every output token, not by the tokens after the first.
+    "tightest-tpot-solution": [
+        # Forgets that a request without a TPOT (one token) meets any TPOT target: only TPOTs are counted.
         """
-itls = [b - a for a, b in zip(chunk_times, chunk_times[1:])]
-if not chunk_times or output_tokens < 2:
-    return None, itls
-return (end_time - chunk_times[0]) / output_tokens, itls
+on_time = [r for r in records if r.success and r.ttft is not None and r.ttft * 1000.0 <= ttft_limit_ms]
+tpots = sorted(r.tpot * 1000.0 for r in on_time if r.tpot is not None)
+return tpots[needed - 1] if needed <= len(tpots) else None
 """,
-        # Ends at the last chunk instead of the end of the response.
+        # Ranks the TPOTs of every successful request, also those that missed the TTFT target.
         """
-itls = [b - a for a, b in zip(chunk_times, chunk_times[1:])]
-if not chunk_times or output_tokens < 2:
-    return None, itls
-return (chunk_times[-1] - chunk_times[0]) / (output_tokens - 1), itls
+ok = [r for r in records if r.success]
+always = sum(r.tpot is None and r.ttft is not None and r.ttft * 1000.0 <= ttft_limit_ms for r in ok)
+tpots = sorted(r.tpot * 1000.0 for r in ok if r.tpot is not None)
+more = needed - always
+if more <= 0:
+    return 0.0
+return tpots[more - 1] if more <= len(tpots) else None
 """,
-        # The first "inter-token" gap measured from the send: the TTFT counted as an ITL.
+        # Off by one: the limit that makes one request more good than needed.
         """
-itls = [b - a for a, b in zip([send_time] + chunk_times, chunk_times)]
-if not chunk_times or output_tokens < 2:
-    return None, itls
-return (end_time - chunk_times[0]) / (output_tokens - 1), itls
+on_time = [r for r in records if r.success and r.ttft is not None and r.ttft * 1000.0 <= ttft_limit_ms]
+always = sum(r.tpot is None for r in on_time)
+tpots = sorted(r.tpot * 1000.0 for r in on_time if r.tpot is not None)
+more = needed - always
+if more <= 0:
+    return 0.0
+return tpots[more] if more < len(tpots) else None
 """,
-        # servebench's own record: the exercise asks for the definitions themselves.
+        # When too few requests can be good, returns the loosest TPOT seen instead of None.
         """
-record = RequestRecord(0, send_time, end_time, list(chunk_times), output_tokens=output_tokens)
-return record.tpot, record.itls
+on_time = [r for r in records if r.success and r.ttft is not None and r.ttft * 1000.0 <= ttft_limit_ms]
+always = sum(r.tpot is None for r in on_time)
+tpots = sorted(r.tpot * 1000.0 for r in on_time if r.tpot is not None)
+more = needed - always
+if more <= 0 or not tpots:
+    return 0.0
+return tpots[min(more, len(tpots)) - 1]
+""",
+        # servebench's own goodput, tried at every candidate limit: the exercise asks which requests are good.
+        """
+candidates = sorted({0.0} | {r.tpot * 1000.0 for r in records if r.success and r.tpot is not None})
+for limit in candidates:
+    if compute_metrics(records, goodput_limits_ms={"ttft": ttft_limit_ms, "tpot": limit}).good_requests >= needed:
+        return limit
+return None
 """,
     ],
     "little-solution": [
