@@ -29,9 +29,13 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from queue import Empty
+from typing import Any
 
 import ipykernel.kernelspec
 import nbformat
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
@@ -52,6 +56,35 @@ class CurrentEnvKernelSpecManager(KernelSpecManager):
         return self.kernel_spec_class(
             resource_dir=ipykernel.kernelspec.RESOURCES, **ipykernel.kernelspec.get_kernel_dict()
         )
+
+
+class ShortWaitChannel(AsyncZMQSocketChannel):
+    """A kernel channel whose long waits are many short ones.
+
+    A wait on a channel sometimes misses a message that has already arrived and returns it only
+    when the wait times out (jupyter/nbclient#312, with widget cells): a chapter's widget cell once
+    held a run for the whole 600 s cell timeout, with no error. A fresh short wait sees such a
+    message at once, so a missed one costs at most ``SLICE_S``.
+    """
+
+    SLICE_S = 0.5
+
+    async def get_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = self.SLICE_S if deadline is None else max(0.0, min(self.SLICE_S, deadline - time.monotonic()))
+            try:
+                return await super().get_msg(timeout=left)
+            except Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+
+class ShortWaitKernelClient(AsyncKernelClient):
+    shell_channel_class = ShortWaitChannel
+    iopub_channel_class = ShortWaitChannel
+    stdin_channel_class = ShortWaitChannel
+    control_channel_class = ShortWaitChannel
 
 
 def find_notebooks(paths: Iterable[str | Path] = ()) -> list[Path]:
@@ -96,7 +129,11 @@ def execute(
     # The socket files' prefix must be absolute: the kernel runs in the notebook's folder.
     sockets = Path(tempfile.mkdtemp(prefix="mini-infer-kernel-")) / "kernel"
     km = AsyncKernelManager(
-        kernel_name="python3", kernel_spec_manager=CurrentEnvKernelSpecManager(), transport="ipc", ip=str(sockets)
+        kernel_name="python3",
+        kernel_spec_manager=CurrentEnvKernelSpecManager(),
+        client_factory=ShortWaitKernelClient,
+        transport="ipc",
+        ip=str(sockets),
     )
     client = NotebookClient(
         nb,
