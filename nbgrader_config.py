@@ -1,13 +1,16 @@
 """nbgrader's configuration for a course built from this book's chapters.
 
 nbgrader reads ``nbgrader_config.py`` from the course folder (the folder it is run in): copy this
-file there, or run nbgrader from a checkout of this repository. Two settings, both for the steps
+file there, or run nbgrader from a checkout of this repository. Three settings, all for the steps
 that *execute* a notebook (``nbgrader validate`` and ``nbgrader autograde``); ``generate_assignment``
 executes nothing and is unchanged by them:
 
 * **an execution timeout per cell** (``ExecutePreprocessor.timeout``, which nbgrader's ``Execute``
   inherits): nbgrader's default is 30 s, shorter than a chapter's slowest cells on a laptop CPU,
   and a student's endless loop must still end;
+* **a kernel client whose waits are short** (``mini_infer.course.kernel_client``): nbclient
+  sometimes misses a kernel's reply that has arrived (jupyter/nbclient#312, seen with the
+  chapters' widget cells) and sits idle until the cell timeout; with short waits it sees it at once;
 * **timing cells are skipped**: a code cell tagged ``timing`` (the chapter's measurement: a
   wall-clock comparison, a benchmark) has its source replaced by a comment before the notebook
   runs. A timing grades nothing, costs minutes and depends on the grading machine. Tag only cells
@@ -16,7 +19,7 @@ executes nothing and is unchanged by them:
   their own runtime, which is the chapter's point. A notebook without the tag runs every cell.
 
 ``scripts/make_student_versions.py`` runs ``nbgrader generate_assignment`` with this file, and
-``tests/test_nbgrader_config.py`` checks both settings, through nbgrader itself.
+``tests/test_nbgrader_config.py`` checks each setting, through nbgrader itself.
 """
 
 from typing import Any
@@ -32,6 +35,10 @@ c = get_config()  # noqa: F821 (nbgrader defines get_config while it reads this 
 # tiny model (book/contributing.md: about a minute per chapter); five minutes leaves room for a
 # slow grading machine and still ends an endless loop.
 c.ExecutePreprocessor.timeout = 300
+
+# The kernel manager nbclient starts for each notebook hands out this client (any KernelManager
+# subclass reads the section): a missed reply costs half a second, not the 300 s above.
+c.KernelManager.client_class = "mini_infer.course.kernel_client.ShortWaitKernelClient"
 
 TIMING_TAG = "timing"
 SKIPPED_SOURCE = (

@@ -29,19 +29,17 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from queue import Empty
-from typing import Any
 
 import ipykernel.kernelspec
 import nbformat
-from jupyter_client.asynchronous import AsyncKernelClient
-from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat import NotebookNode
+
+from mini_infer.course.kernel_client import ShortWaitKernelClient
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -56,35 +54,6 @@ class CurrentEnvKernelSpecManager(KernelSpecManager):
         return self.kernel_spec_class(
             resource_dir=ipykernel.kernelspec.RESOURCES, **ipykernel.kernelspec.get_kernel_dict()
         )
-
-
-class ShortWaitChannel(AsyncZMQSocketChannel):
-    """A kernel channel whose long waits are many short ones.
-
-    A wait on a channel sometimes misses a message that has already arrived and returns it only
-    when the wait times out (jupyter/nbclient#312, with widget cells): a chapter's widget cell once
-    held a run for the whole 600 s cell timeout, with no error. A fresh short wait sees such a
-    message at once, so a missed one costs at most ``SLICE_S``.
-    """
-
-    SLICE_S = 0.5
-
-    async def get_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = self.SLICE_S if deadline is None else max(0.0, min(self.SLICE_S, deadline - time.monotonic()))
-            try:
-                return await super().get_msg(timeout=left)
-            except Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-
-
-class ShortWaitKernelClient(AsyncKernelClient):
-    shell_channel_class = ShortWaitChannel
-    iopub_channel_class = ShortWaitChannel
-    stdin_channel_class = ShortWaitChannel
-    control_channel_class = ShortWaitChannel
 
 
 def find_notebooks(paths: Iterable[str | Path] = ()) -> list[Path]:

@@ -64,6 +64,16 @@ def test_execution_timeout_reaches_nbgrader_execute() -> None:
     assert Execute().timeout == 30, "nbgrader's default changed: reconsider the timeout in nbgrader_config.py"
 
 
+def test_the_kernel_manager_nbgrader_starts_hands_out_the_short_wait_client() -> None:
+    from mini_infer.course.kernel_client import ShortWaitKernelClient
+
+    config = load_config()
+    execute = Execute(config=config)
+    # nbclient makes its kernel manager with the preprocessor's config, as here.
+    assert execute.kernel_manager_class(config=config).client_factory is ShortWaitKernelClient
+    assert execute.kernel_manager_class().client_factory is not ShortWaitKernelClient  # the setting does it
+
+
 @pytest.mark.parametrize("steps", ["Autograde.autograde_preprocessors", "Validator.preprocessors"])
 def test_timing_cells_are_skipped_right_before_execution(steps: str) -> None:
     config = load_config()
