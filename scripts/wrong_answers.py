@@ -140,28 +140,29 @@ def _replayed(cell: NotebookNode, replay: Replay, number: int) -> NotebookNode:
 
 
 def with_wrong_answers(nb: NotebookNode, answers: dict[str, list[str]]) -> NotebookNode:
-    """``nb`` with every wrong answer replayed after its exercise (see the module docstring)."""
+    """``nb`` with every wrong answer replayed after its exercise (see the module docstring); a
+    copy: ``nb`` itself is left as it was."""
     out = copy.deepcopy(nb)
-    out.cells = []
+    own, out.cells = out.cells, []
     solutions = set(solution_ids(nb))
-    spans: dict[int, tuple[str, list[NotebookNode]]] = {}  # index of an exercise's last graded cell -> span
-    for index, cell in enumerate(nb.cells):
+    # index of an exercise's last graded cell -> (its solution id, its graded ids, the code cells to replay)
+    spans: dict[int, tuple[str, set[str], list[NotebookNode]]] = {}
+    for index, cell in enumerate(own):
         solution_id = _grade_id(cell)
         if solution_id not in solutions or not answers.get(solution_id):
             continue
         graded = set(graded_ids_of(nb, solution_id))
-        last = max((i for i, c in enumerate(nb.cells) if _grade_id(c) in graded), default=index)
-        span = [c for c in nb.cells[index : last + 1] if c.cell_type == "code"]
+        last = max((i for i, c in enumerate(own) if _grade_id(c) in graded), default=index)
+        span = [c for c in own[index : last + 1] if c.cell_type == "code"]
         if any(_grade_id(c) in solutions for c in span[1:]):
             raise ValueError(f"{solution_id}: another exercise's solution lies between it and its graded cells")
-        spans[last] = (solution_id, span)
+        spans[last] = (solution_id, graded, span)
     number = 0
-    for index, cell in enumerate(nb.cells):
+    for index, cell in enumerate(own):
         out.cells.append(cell)
         if index not in spans:
             continue
-        solution_id, span = spans[index]
-        graded = set(graded_ids_of(nb, solution_id))
+        solution_id, graded, span = spans[index]
         for answer, code in [*enumerate(answers[solution_id]), (RESTORE, None)]:
             for span_cell in span:
                 number += 1

@@ -52,6 +52,7 @@ def test_each_wrong_answer_is_replayed_after_its_exercise_then_the_solution_agai
     nb = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
     answers = {"kv-bytes-solution": ["return 0"], "blocks-needed-solution": ["return 1", "return 2"]}
     checked = with_wrong_answers(nb, answers)
+    assert checked.cells[0] is not nb.cells[0]  # a copy: the notebook given is left as it was
     own = [c for c in checked.cells if replay_of(c) is None]
     assert [c.source for c in own] == [c.source for c in nb.cells]  # the notebook itself, unchanged
 
