@@ -22,13 +22,13 @@ processes of a tensor-parallel engine (chapter 14), which garbage collection als
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from mini_infer.engine import is_token_id
 from mini_infer.engine_builder import EngineConfig, build_engine
 from mini_infer.outputs import RequestOutput
 from mini_infer.sampling_params import SamplingParams
@@ -132,20 +132,15 @@ class LLM:
         self.close()
 
 
-def _is_token_id(t: object) -> bool:
-    # numpy's integer scalars count (numbers.Integral); a bool is not a token id.
-    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
-
-
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(_is_token_id(t) for t in prompts):
+    if isinstance(prompts, Sequence) and prompts and all(is_token_id(t) for t in prompts):
         return [prompts]  # type: ignore[list-item]  # one prompt given as token ids
     result: list[Prompt] = []
     for i, p in enumerate(prompts):
-        if not isinstance(p, str) and not (isinstance(p, Sequence) and all(_is_token_id(t) for t in p)):
-            bad = next((t for t in p if not _is_token_id(t)), None) if isinstance(p, Sequence) else None
+        if not isinstance(p, str) and not (isinstance(p, Sequence) and all(is_token_id(t) for t in p)):
+            bad = next((t for t in p if not is_token_id(t)), None) if isinstance(p, Sequence) else None
             what = f"a list holding {bad!r} ({type(bad).__name__})" if isinstance(p, Sequence) else type(p).__name__
             raise TypeError(f"prompt {i} must be a string or a list of int token ids, got {what}")
         result.append(p)

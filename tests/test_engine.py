@@ -174,6 +174,16 @@ def test_integer_scalars_of_numpy_are_token_ids(tiny_model_dir):
     assert from_numpy.token_ids == llm.generate([list(range(1, 9))], greedy, use_tqdm=False)[0].token_ids
 
 
+def test_engine_refuses_a_token_id_that_is_not_an_integer(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
+    for prompt in ([1, 2.7], [True, 2]):  # int() would truncate 2.7 and read True as 1
+        with pytest.raises(TypeError, match=r"prompt token [01] must be an int token id"):
+            llm.engine.add_request(prompt, SamplingParams(max_tokens=2))
+        with pytest.raises(TypeError, match="must be an int token id"):
+            next(llm.stream(prompt, SamplingParams(max_tokens=2)))
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_chat_takes_openai_text_parts_and_refuses_malformed_messages(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
     greedy = SamplingParams(max_tokens=3, temperature=0)
