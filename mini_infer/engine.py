@@ -34,6 +34,7 @@ sequence.
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,6 +49,11 @@ from mini_infer.sampling_params import SamplingParams, make_generator
 from mini_infer.scheduler import Scheduler, SchedulerOutput
 from mini_infer.sequence import Sequence as Seq
 from mini_infer.tokenizer import Tokenizer
+
+
+def is_token_id(t: object) -> bool:
+    """An int, or an integer scalar of numpy (``numbers.Integral``); a bool is not a token id."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
 
 
 class TokenSampler(Protocol):
@@ -134,7 +140,13 @@ class LLMEngine:
         """
         params = (params or SamplingParams()).with_defaults(self.sampling_defaults)
         self.sampler.check(params)
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            bad = next((i for i, t in enumerate(prompt) if not is_token_id(t)), None)
+            if bad is not None:
+                raise TypeError(f"prompt token {bad} must be an int token id, got {prompt[bad]!r}")
+            token_ids = [int(t) for t in prompt]
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         vocab = self.model_config.vocab_size

@@ -22,16 +22,17 @@ processes of a tensor-parallel engine (chapter 14), which garbage collection als
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from mini_infer.engine import is_token_id
 from mini_infer.engine_builder import EngineConfig, build_engine
 from mini_infer.outputs import RequestOutput
 from mini_infer.sampling_params import SamplingParams
-from mini_infer.tokenizer import Message
+from mini_infer.tokenizer import Message, template_messages
 
 Prompt = str | Sequence[int]
 
@@ -91,12 +92,13 @@ class LLM:
         *,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the chat template to one conversation or a list of them, then ``generate``."""
-        conversations: list[Sequence[Message]]
-        if messages and isinstance(messages[0], dict):
-            conversations = [messages]  # type: ignore[list-item]
+        """Apply the chat template to one conversation or a list of them, then ``generate``. A
+        message's content may be a string or OpenAI's list of text parts."""
+        if isinstance(messages, list | tuple) and messages and not isinstance(messages[0], Mapping):
+            where = [f"conversation {i}: " for i in range(len(messages))]
+            conversations = [template_messages(c, w) for c, w in zip(messages, where)]
         else:
-            conversations = list(messages)  # type: ignore[arg-type]
+            conversations = [template_messages(messages)]
         prompts = [self.engine.tokenizer.apply_chat_template(c, tools=tools) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
@@ -133,12 +135,14 @@ class LLM:
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+    if isinstance(prompts, Sequence) and prompts and all(is_token_id(t) for t in prompts):
         return [prompts]  # type: ignore[list-item]  # one prompt given as token ids
     result: list[Prompt] = []
     for i, p in enumerate(prompts):
-        if not isinstance(p, str) and not (isinstance(p, Sequence) and all(isinstance(t, int) for t in p)):
-            raise TypeError(f"prompt {i} must be a string or a list of token ids, got {type(p).__name__}")
+        if not isinstance(p, str) and not (isinstance(p, Sequence) and all(is_token_id(t) for t in p)):
+            bad = next((t for t in p if not is_token_id(t)), None) if isinstance(p, Sequence) else None
+            what = f"a list holding {bad!r} ({type(bad).__name__})" if isinstance(p, Sequence) else type(p).__name__
+            raise TypeError(f"prompt {i} must be a string or a list of int token ids, got {what}")
         result.append(p)
     return result
 

@@ -5,7 +5,8 @@ The tokenizer and its chat template come from ``transformers`` (``AutoTokenizer`
 ours. Two things are added here:
 
 * ``Tokenizer.apply_chat_template`` renders conversations into the prompt string the model
-  was trained on, tools included;
+  was trained on, tools included; ``template_messages`` checks a conversation first and turns
+  OpenAI's content parts (``[{"type": "text", "text": ...}]``) into the plain text a template reads;
 * ``IncrementalDetokenizer`` turns a growing list of token ids into text pieces for streaming.
   Byte-level BPE tokens can end in the middle of a UTF-8 character (an emoji is often split
   over two or three tokens), so a piece is emitted only once it decodes to complete
@@ -15,11 +16,44 @@ ours. Two things are added here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 Message = dict[str, Any]
+
+
+def template_messages(conversation: object, where: str = "") -> list[Message]:
+    """``conversation`` as a chat template reads it, or a ValueError saying which message is wrong
+    and how (``where`` names the conversation in a list of them). Each message is a dict with a
+    string ``role`` and a ``content`` that is a string, a list of OpenAI text parts (joined), or
+    None in an assistant message that has ``tool_calls``; other keys are kept."""
+    shape = "a list of {'role': ..., 'content': ...} dicts"
+    if isinstance(conversation, (str, bytes, Mapping)) or not isinstance(conversation, Sequence):
+        raise ValueError(f"{where}a conversation must be {shape}, got {type(conversation).__name__}")
+    if not conversation:
+        raise ValueError(f"{where}the conversation is empty: give at least one message")
+    checked = []
+    for i, message in enumerate(conversation):
+        at = f"{where}message {i}"
+        if not isinstance(message, Mapping):
+            raise ValueError(f"{at} must be a dict with 'role' and 'content', got {type(message).__name__}")
+        if not isinstance(message.get("role"), str):
+            raise ValueError(
+                f"{at} needs a 'role' string (system, user, assistant or tool), got {message.get('role')!r}"
+            )
+        content = message.get("content")
+        if isinstance(content, list):
+            kinds = {part.get("type") if isinstance(part, Mapping) else type(part).__name__ for part in content}
+            if kinds - {"text"} or not all(isinstance(part.get("text"), str) for part in content):
+                raise ValueError(f"{at}: content parts must be {{'type': 'text', 'text': str}}, got {content!r}")
+            content = "".join(part["text"] for part in content)
+        elif content is None and not (message["role"] == "assistant" and message.get("tool_calls")):
+            raise ValueError(f"{at} needs 'content' (only an assistant message with tool_calls may leave it out)")
+        elif content is not None and not isinstance(content, str):
+            raise ValueError(f"{at}: content must be a string or a list of text parts, got {type(content).__name__}")
+        checked.append({**message, "content": content})
+    return checked
 
 
 class Tokenizer:

@@ -1,8 +1,9 @@
 """Lines of code of the package, as the project counts them: no blank lines, no comments, no
 docstrings. ``python -m tests.code_size`` prints every module and the core engine's total.
 
-The core engine is everything but the server, the benchmarks, the command line, the notebook
-helpers, the tokenizer and chat template, where models come from and the tiny model's corpus.
+The core engine is everything but the server, the benchmarks, the command line (``mini-infer chat``
+too), the notebook helpers, the tokenizer and chat template, where models come from and the tiny
+model's corpus.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import mini_infer
 
 PACKAGE = Path(mini_infer.__file__).parent
-NOT_CORE = ("server/", "bench/", "cli.py", "cli_options.py", "__main__.py", "notebook_env.py", "tokenizer.py")
-NOT_CORE += ("chat_template.py", "model_source.py", "offline_models.py", "tiny_corpus.py")
+NOT_CORE = ("server/", "bench/", "cli.py", "cli_options.py", "chat_cli.py", "__main__.py", "notebook_env.py")
+NOT_CORE += ("tokenizer.py", "chat_template.py", "model_source.py", "offline_models.py", "tiny_corpus.py")
 # The student track's tooling and graded tests (chapter-by-chapter course material, never run by the
 # engine), and tensor parallelism's benchmark and launcher.
 NOT_CORE += ("course/", "parallel/bench.py", "parallel/__main__.py")

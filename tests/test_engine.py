@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,7 +147,13 @@ def test_requests_that_cannot_fit_are_refused(tiny_model_dir):
 
 @pytest.mark.parametrize(
     "prompt, match",
-    [([], "empty"), ([1, 2, 10**6], "outside the vocabulary"), ([[1, 2], 3.5], "prompt 1")],
+    [
+        ([], "empty"),
+        ([1, 2, 10**6], "outside the vocabulary"),
+        ([[1, 2], 3.5], "prompt 1"),
+        ([[1, True]], r"prompt 0 .* holding True \(bool\)"),
+        ([[1, 2.0]], r"prompt 0 .* holding 2.0 \(float\)"),
+    ],
 )
 def test_bad_prompts_refused(tiny_model_dir, prompt, match):
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=16, show_progress=False)
@@ -158,6 +165,49 @@ def test_chat_applies_template(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
     out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)[0]
     assert out.prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_integer_scalars_of_numpy_are_token_ids(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    from_numpy = llm.generate([list(np.arange(1, 9))], greedy, use_tqdm=False)[0]
+    assert from_numpy.token_ids == llm.generate([list(range(1, 9))], greedy, use_tqdm=False)[0].token_ids
+
+
+def test_engine_refuses_a_token_id_that_is_not_an_integer(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
+    for prompt in ([1, 2.7], [True, 2]):  # int() would truncate 2.7 and read True as 1
+        with pytest.raises(TypeError, match=r"prompt token [01] must be an int token id"):
+            llm.engine.add_request(prompt, SamplingParams(max_tokens=2))
+        with pytest.raises(TypeError, match="must be an int token id"):
+            next(llm.stream(prompt, SamplingParams(max_tokens=2)))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_chat_takes_openai_text_parts_and_refuses_malformed_messages(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
+    greedy = SamplingParams(max_tokens=3, temperature=0)
+    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2 + 3?"}]
+    as_parts = llm.chat([{"role": "user", "content": parts}], greedy, use_tqdm=False)[0]
+    as_text = llm.chat([{"role": "user", "content": "What is 2 + 3?"}], greedy, use_tqdm=False)[0]
+    assert as_parts.prompt == as_text.prompt and as_parts.token_ids == as_text.token_ids
+    user = {"role": "user", "content": "hi"}
+    bad = [
+        ([], "the conversation is empty"),
+        ("hi", "a conversation must be a list of"),
+        ([{"content": "hi"}], "message 0 needs a 'role'"),
+        ([user, {"role": "user"}], "message 1 needs 'content'"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "content parts must be"),
+        ([[user], [{"role": "user", "content": 5}]], "conversation 1: message 0: content must be a string"),
+    ]
+    for messages, match in bad:
+        with pytest.raises(ValueError, match=match):
+            llm.chat(messages, greedy, use_tqdm=False)
+    # An assistant turn that only calls tools has no content.
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}
+    history = [user, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": "5"}]
+    assert llm.chat(history, greedy, use_tqdm=False)[0].prompt.endswith("<|im_start|>assistant\n")
+    assert not llm.engine.has_unfinished_requests()
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True])

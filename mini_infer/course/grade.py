@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 GRADED = Path(__file__).parent / "graded"
-HELPERS = "graded_helpers.py"  # what several chapters' tests share, copied beside them
+# What several chapters' tests share, copied beside them.
+HELPERS = ("graded_attention.py", "graded_fake_engine.py")
 
 # The child's conftest: refuses to run against any other package, records each test's outcome.
 CHILD_CONFTEST = """
@@ -166,7 +167,8 @@ def child_environment(package_dir: Path) -> dict[str, str]:
 def copy_graded_tests(chapters: list[int], folder: Path) -> list[Path]:
     """Copy the graded tests of ``chapters`` into ``folder``, with the helpers they share (this
     package's copies, never the graded package's); return the test files."""
-    shutil.copyfile(GRADED / HELPERS, folder / HELPERS)
+    for helper in HELPERS:
+        shutil.copyfile(GRADED / helper, folder / helper)
     files = [folder / graded_file(chapter).name for chapter in chapters]
     for chapter, file in zip(chapters, files):
         shutil.copyfile(graded_file(chapter), file)

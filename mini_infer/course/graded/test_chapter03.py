@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graded_helpers import dense_causal, small_config
+from graded_attention import dense_causal, small_config
 
 from mini_infer.model import ContiguousKVCache
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from graded_helpers import dense_causal, small_config
+from graded_attention import dense_causal, small_config
 
 from mini_infer.kv.block_pool import BlockTable, slot_for, slot_mapping
 from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, _gather, _pool_rows, build_metadata

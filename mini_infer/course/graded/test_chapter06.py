@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence as Seq
 
 import pytest
-from graded_helpers import check_unpressured_outputs, expected_output, fake_step, fake_token, ids, random_requests
+from graded_fake_engine import check_unpressured_outputs, expected_output, fake_step, fake_token, ids, random_requests
 
 from mini_infer.kv.block_pool import BlockPool
 from mini_infer.sampling_params import SamplingParams

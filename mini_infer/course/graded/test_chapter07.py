@@ -13,7 +13,7 @@ import itertools
 import random
 
 import pytest
-from graded_helpers import check_unpressured_outputs, fake_step, ids, random_requests
+from graded_fake_engine import check_unpressured_outputs, fake_step, ids, random_requests
 
 from mini_infer.kv.block_pool import BlockPool
 from mini_infer.sampling_params import SamplingParams
