@@ -2,8 +2,8 @@
 
 A Hugging Face checkpoint describes its architecture in ``config.json``. This module turns that
 file into a frozen ``ModelConfig`` holding only what the engine uses, and refuses, with the
-field named, anything it cannot run faithfully (another architecture, sliding-window
-attention, scaled RoPE variants).
+field named, anything it cannot run faithfully (another architecture or MLP activation,
+sliding-window attention, scaled RoPE variants).
 
 Both spellings of RoPE's base are read: ``rope_theta`` at the top level (transformers 4.x,
 Qwen2.5's own files) and ``rope_parameters.rope_theta`` (transformers 5.x).
@@ -125,6 +125,11 @@ def _check_architecture(raw: dict[str, Any]) -> None:
         )
     if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"model_type={model_type!r} is not supported: mini-infer runs model_type 'qwen2'")
+    # transformers' Qwen2 MLP applies whatever activation this names (silu when unstated); the
+    # engine's is SwiGLU with silu, so another would run, silently wrong.
+    hidden_act = raw.get("hidden_act", "silu")
+    if hidden_act != "silu":
+        raise ConfigError(f"hidden_act={hidden_act!r} is not supported: mini-infer's MLP is SwiGLU with silu")
 
 
 def _rope_theta(raw: dict[str, Any]) -> float:

@@ -170,11 +170,18 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     out of the count; the allocator's peak over what was held before is the answer."""
     device, block = models[0].device, config.block_size
     rows = min(config.max_num_seqs, config.max_num_batched_tokens)
-    first = config.max_num_batched_tokens - rows + 1  # one long chunk, then one token per sequence
-    blocks = [list(range(num_blocks_for(first, block)))]
-    blocks += [[len(blocks[0]) + i] for i in range(rows - 1)]
-    inputs = [SequenceInput([0] * first, 0, blocks[0], samples=True)]
-    inputs += [SequenceInput([0], 0, table, samples=True) for table in blocks[1:]]
+    # One long chunk, then one token per sequence. No chunk reaches past the engine's context (nor
+    # past RoPE's table, max_position_embeddings rows): a model with fewer positions than the
+    # budget gets its tokens as several chunks, of which the last samples.
+    context = min([m.config.max_position_embeddings for m in models] + [config.max_model_len or 2**62])
+    chunk_tokens = config.max_num_batched_tokens - rows + 1
+    chunks = [min(context, chunk_tokens - start) for start in range(0, chunk_tokens, context)]
+    inputs: list[SequenceInput] = []
+    num_blocks = 0
+    for i, n in enumerate(chunks + [1] * (rows - 1)):
+        table = list(range(num_blocks, num_blocks + num_blocks_for(n, block)))
+        num_blocks += len(table)
+        inputs.append(SequenceInput([0] * n, 0, table, samples=i >= len(chunks) - 1))
     torch.cuda.synchronize(device)
     held = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -185,7 +192,7 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     if len(models) > 1:
         guesses = torch.empty(config.max_num_batched_tokens, models[0].config.vocab_size, device=device)
     for model in models:
-        scratch = PagedKVCache(model.shard, len(blocks[0]) + rows - 1, block, model.dtype, device)
+        scratch = PagedKVCache(model.shard, num_blocks, block, model.dtype, device)
         runner = ModelRunner(model, scratch)
         logits = runner.execute(runner.prepare(inputs))
         Sampler(config.seed)(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * rows)

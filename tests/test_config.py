@@ -44,11 +44,19 @@ def test_explicit_head_dim():
         ({"rope_theta": -1}, "rope_theta"),
         ({"vocab_size": "many"}, "vocab_size"),
         ({"rms_norm_eps": 0}, "rms_norm_eps"),
+        # transformers' Qwen2 MLP applies whatever hidden_act names; ours is SwiGLU with silu only.
+        ({"hidden_act": "gelu"}, "hidden_act"),
     ],
 )
 def test_refusals_name_the_field(changes, field):
     with pytest.raises(ConfigError, match=field):
         ModelConfig.from_dict(_config(**changes))
+
+
+def test_hidden_act_may_be_left_out():
+    raw = _config()
+    del raw["hidden_act"]  # transformers' Qwen2Config defaults it to silu
+    assert ModelConfig.from_dict(raw).hidden_size == 896
 
 
 def test_missing_field_named():

@@ -85,3 +85,34 @@ def test_the_activation_peak_is_measured_from_the_largest_step(tiny_model_dir, m
     # The scratch pool holds the 33-token chunk and seven single-token sequences: 3 + 7 blocks
     # (and the cache's null block).
     assert ran == [PagedKVCache.bytes_per_block(model.config, 16, torch.float32) * (10 + 1)]
+
+
+def test_the_measured_step_stays_within_the_models_positions(tmp_path, monkeypatch):
+    """A model with fewer positions than the token budget (max_position_embeddings 64, 200 tokens
+    a step): the measured step still brings the whole budget, in chunks no longer than the model's
+    context. One 197-token chunk indexed RoPE's 64-row table past its end (a device-side assert
+    on CUDA, at engine build)."""
+    from mini_infer.engine_builder import EngineConfig, measure_activation_peak
+    from mini_infer.model import Qwen2Model
+    from mini_infer.model_runner import ModelRunner
+    from mini_infer.offline_models import write_random_model
+
+    model_dir = write_random_model(tmp_path / "short", "tiny-test", dtype="float32", max_position_embeddings=64)
+    model = Qwen2Model.from_pretrained(model_dir, torch.float32, show_progress=False)
+    prepared = []
+    original = ModelRunner.prepare
+
+    def recording_prepare(self, inputs):
+        prepared.append(list(inputs))
+        return original(self, inputs)
+
+    monkeypatch.setattr(ModelRunner, "prepare", recording_prepare)
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1 << 30)
+    measure_activation_peak([model], EngineConfig(model=str(model_dir), max_num_batched_tokens=200, max_num_seqs=4))
+    (inputs,) = prepared
+    assert sum(s.num_tokens for s in inputs) == 200
+    assert max(s.context_len for s in inputs) <= 64
+    assert sum(s.num_logits for s in inputs) == 4  # one logit row per sequence that can run

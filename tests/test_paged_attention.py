@@ -37,7 +37,7 @@ def _config(heads: int, kv_heads: int, head_dim: int = 8) -> ModelConfig:
 @settings(max_examples=40, deadline=None)
 @given(
     data=st.data(),
-    heads_kv=st.sampled_from([(2, 2), (4, 2), (6, 1)]),
+    heads_kv=st.sampled_from([(2, 2), (4, 2), (6, 1), (14, 2)]),  # (14, 2): Qwen2.5-0.5B
     num_prefill=st.integers(0, 3),
     num_batched=st.integers(0, 4),
     batch_q=st.integers(1, 3),
