@@ -125,8 +125,12 @@ class FunctionDefinition(_Strict):
     strict: bool | None = None
 
     def parameters_schema(self) -> dict[str, Any]:
-        """The JSON Schema of the arguments; a function without ``parameters`` takes none."""
-        return self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+        """The JSON Schema of the arguments; a function without ``parameters`` takes none (OpenAI:
+        an empty parameter list), so no key is allowed: an object schema that only lists no
+        properties would let a forced call write any keys."""
+        if self.parameters is not None:
+            return self.parameters
+        return {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 class Tool(_Strict):
