@@ -7,7 +7,9 @@ all of them the server (and its engine thread) must still answer normally.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -331,3 +333,40 @@ def test_lying_content_length_is_refused(server: BackgroundServer) -> None:
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:100]
     assert httpx.get(server.base_url + "/health").status_code == 200
+
+
+def test_client_gone_before_its_body_arrived_is_not_a_server_error(caplog: pytest.LogCaptureFixture) -> None:
+    # A client that sends the headers and part of the body, then closes: reading the body ends
+    # with the disconnect. That is the client's doing, answered 499 like any client that left,
+    # not a 500 with a logged traceback. Driven over ASGI: the body is read before the engine is used.
+    app = build_app(ServerConfig(model="unused", show_progress=False))
+    incoming = [
+        {"type": "http.request", "body": b'{"model": "unused", "prompt": "', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": COMPLETIONS,
+        "raw_path": COMPLETIONS.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
