@@ -28,6 +28,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GOOD_CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 GOOD_COMPLETION: dict[str, Any] = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+TOOL = {"type": "function", "function": {"name": "f"}}
 
 # Values of the wrong type, or out of range, for fields of every type.
 WRONG = ["x", "", -1, 0, -(10**30), 10**30, 1.5, 1e308, -1e308, True, [], {}, [1], {"a": 1}]
@@ -370,3 +371,30 @@ def test_client_gone_before_its_body_arrived_is_not_a_server_error(caplog: pytes
         asyncio.run(app(scope, receive, send))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        # A field of several forms: the error is the one form the value has the shape of, not
+        # "not a string" for a list that is a list of strings.
+        ({"stop": ["x"] * 17}, "stop", "at most 16 items"),
+        ({"stop": ["x", 5]}, "stop.1", "valid string"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages.0.content.0.type",
+            "'text'",
+        ),
+        # The Responses API's shape of a named tool choice.
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "f"}}, "tool_choice.function", "required"),
+        # A value no form fits better than another keeps the general message.
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "other accepted forms"),
+    ],
+)
+def test_errors_of_fields_with_several_forms_name_what_is_wrong(
+    server: BackgroundServer, extra: dict[str, Any], param: str, words: str
+) -> None:
+    response = httpx.post(server.base_url + CHAT, json=dict(GOOD_CHAT, **extra), timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error

@@ -477,10 +477,42 @@ def parse_request(model: type[M], body: dict[str, Any]) -> M:
         raise bad_request("the request is nested too deeply") from None
 
 
+# Errors that only say a value is not of some type: in a union, every form it is not says so.
+_TYPE_MISMATCH = frozenset(
+    {"string_type", "int_type", "float_type", "bool_type", "list_type", "dict_type", "literal_error", "model_type"}
+)
+
+
+def _closest_form(errors: list[Any]) -> tuple[Any, tuple[Any, ...]] | None:
+    """For a field of several forms (a union) that its value fits none of: the first error of the
+    one form whose type the value has, and that error's location without the form's tag (20 stop
+    strings: the list is too long, not "not a string"; an image part: its type is not 'text').
+    None when no form, or more than one, got past the type check (then no form is likelier)."""
+    first = errors[0]
+    if not first["loc"] or not _TYPE_TAG.search(str(first["loc"][-1])):
+        return None  # not a union's form
+    head = first["loc"][:-1]
+    closest: dict[Any, Any] = {}
+    for error in errors:
+        loc = error["loc"]
+        of_a_form = len(loc) > len(head) and loc[: len(head)] == head
+        if of_a_form and (len(loc) > len(head) + 1 or error["type"] not in _TYPE_MISMATCH):
+            closest.setdefault(loc[len(head)], error)  # keyed by the form's tag
+    if len(closest) != 1:
+        return None
+    (error,) = closest.values()
+    return error, (*head, *error["loc"][len(head) + 1 :])
+
+
 def _validation_error(exc: ValidationError, model: type[BaseModel]) -> APIError:
     errors = exc.errors(include_url=False)
     first = errors[0]
-    loc = [str(part) for part in first["loc"] if isinstance(part, int) or not _TYPE_TAG.search(str(part))]
+    closest = _closest_form(errors)
+    if closest is not None:
+        first, raw_loc = closest
+    else:
+        raw_loc = first["loc"]
+    loc = [str(part) for part in raw_loc if isinstance(part, int) or not _TYPE_TAG.search(str(part))]
     param = ".".join(loc) or None
     kind = first["type"]
     if param is None:
@@ -496,7 +528,7 @@ def _validation_error(exc: ValidationError, model: type[BaseModel]) -> APIError:
         return bad_request(f"{param} is required", param=param)
     message = str(first["msg"]).removeprefix("Value error, ")
     same_field = sum(1 for e in errors if [str(p) for p in e["loc"]][:1] == [str(p) for p in first["loc"]][:1])
-    if same_field > 1 and first["type"] in ("string_type", "int_type", "list_type", "literal_error", "model_type"):
+    if closest is None and same_field > 1 and first["type"] in _TYPE_MISMATCH:
         message = f"invalid type or value ({message}, or one of the other accepted forms)"
     return bad_request(f"{param}: {message}" if param else message, param=param)
 
