@@ -170,7 +170,7 @@ def cases() -> list[tuple[str, str, dict[str, str], bytes]]:
         [{"role": "user"}],
         [{"role": "user", "content": 5}],
         [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
-        [{"role": "user", "content": "hi", "name": "bob"}],
+        [{"role": "user", "content": "hi", "name": 5}],
         [{"role": "user", "content": "hi", "tool_calls": []}],
         [{"role": "tool", "content": "x", "tool_call_id": 5}],
         [None],

@@ -169,6 +169,9 @@ _NULL_ONLY_MESSAGE_FIELDS = ("refusal", "annotations", "audio", "function_call")
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    # OpenAI's optional participant name (AutoGen names every user message; LangChain sends a
+    # message's name): given to the chat template, as vLLM does; Qwen's template leaves it out.
+    name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
 
@@ -201,6 +204,8 @@ class ChatMessage(_Strict):
         """The message as the chat template reads it."""
         # The template knows "system"; OpenAI's newer "developer" role means the same thing.
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
         if self.tool_calls:
             message["tool_calls"] = [
                 {
