@@ -131,8 +131,7 @@ def test_messages_may_carry_a_name(client: openai.OpenAI) -> None:
     ]
     plain = [{k: v for k, v in m.items() if k != "name"} for m in named]
     got, want = (
-        client.chat.completions.create(model=MODEL, messages=m, max_tokens=6, temperature=0)  # type: ignore[arg-type]
-        for m in (named, plain)
+        client.chat.completions.create(model=MODEL, messages=m, max_tokens=6, temperature=0) for m in (named, plain)
     )
     assert got.choices[0].message.content == want.choices[0].message.content
     assert got.usage is not None and want.usage is not None and got.usage.prompt_tokens == want.usage.prompt_tokens
