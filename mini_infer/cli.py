@@ -149,32 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    offline = bench_sub.add_parser(
-        "offline", help="throughput, decode and prefill against transformers and the roofline"
-    )
     from mini_infer.bench import offline as offline_bench
-
-    offline_bench.add_arguments(offline)
-    offline.set_defaults(func=offline_bench.main)
-    prefix = bench_sub.add_parser("prefix-cache", help="hit rate and prefill time saved on a shared-prefix workload")
     from mini_infer.bench import prefix_cache as prefix_bench
-
-    prefix_bench.add_arguments(prefix)
-    prefix.set_defaults(func=prefix_bench.run)
-    speculative = bench_sub.add_parser(
-        "speculative", help="a draft model's acceptance rate against its speedup (chapter 10)"
-    )
     from mini_infer.bench import speculative as speculative_bench
-
-    speculative_bench.add_arguments(speculative)
-    speculative.set_defaults(func=speculative_bench.run)
-    serve_bench_parser = bench_sub.add_parser(
-        "serve", help="servebench: load any OpenAI-compatible server and measure it"
-    )
     from mini_infer.bench.serve import cli as serve_bench
 
-    serve_bench.add_arguments(serve_bench_parser)
-    serve_bench_parser.set_defaults(func=serve_bench.main)
+    benchmarks = [
+        ("offline", offline_bench, offline_bench.main, "throughput, decode and prefill against transformers and the roofline"),
+        ("prefix-cache", prefix_bench, prefix_bench.run, "hit rate and prefill time saved on a shared-prefix workload"),
+        ("speculative", speculative_bench, speculative_bench.run, "a draft model's acceptance rate against its speedup (chapter 10)"),
+        ("serve", serve_bench, serve_bench.main, "servebench: load any OpenAI-compatible server and measure it"),
+    ]  # fmt: skip
+    for name, module, func, summary in benchmarks:
+        bench_parser = bench_sub.add_parser(name, help=summary)
+        module.add_arguments(bench_parser)
+        bench_parser.set_defaults(func=func)
 
     from mini_infer.course import cli as course_cli  # light: reads the package's files as text
 

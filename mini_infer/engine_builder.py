@@ -136,18 +136,21 @@ class EngineConfig:
 TENSOR_PARALLEL_LAUNCHER = "mini_infer.parallel.workers"
 
 
+@dataclass(frozen=True)
+class ResolvedModels:
+    """What ``build_engine`` settles before any weights load (steps 1-2 of the module docstring)."""
+
+    model_dir: Path
+    draft_dir: Path | None
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int  # the smallest of the config's and every model's limit
+
+
 class TensorParallelLauncher(Protocol):
-    def __call__(
-        self,
-        config: EngineConfig,
-        model_dir: Path,
-        draft_dir: Path | None,
-        dtype: torch.dtype,
-        device: torch.device,
-        max_model_len: int,
-    ) -> list[ModelRunner]:
+    def __call__(self, config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
         """Start ranks 1..N-1 and return rank 0's runner (its shard loaded, its part of the pool
-        allocated) and, with ``draft_dir``, the draft's runner: the whole draft, on rank 0 only."""
+        allocated) and, with a draft, the draft's runner: the whole draft, on rank 0 only."""
         ...
 
 
@@ -194,23 +197,17 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     return peak
 
 
-def load_runners(
-    config: EngineConfig,
-    model_dir: Path,
-    draft_dir: Path | None,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_model_len: int,
-) -> list[ModelRunner]:
-    """The target's runner (and the draft's) in this process: weights loaded, one KV pool sized from
-    the budget and allocated for each, and on CUDA decode graphs (steps 1-4 of the module docstring)."""
-    model = load_model(model_dir, dtype, device, config.show_progress)
-    draft = None if draft_dir is None else load_model(draft_dir, dtype, device, config.show_progress)
-    models = [model] if draft is None else [model, draft]
-    num_blocks = config.num_kv_blocks or kv_blocks_for_memory(
-        [m.config for m in models],
+def size_kv_pool(config: EngineConfig, models: list[Qwen2Model], kept: list[ModelConfig], max_model_len: int) -> int:
+    """The pool's block count: ``num_kv_blocks`` when given, else what the memory budget holds
+    (``kv.sizing``) for a block id of every model in ``kept`` (the configs whose K/V this process
+    keeps), after measuring the activation peak of ``models`` on CUDA."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    device = models[0].device
+    return kv_blocks_for_memory(
+        kept,
         block_size=config.block_size,
-        dtype=dtype,
+        dtype=models[0].dtype,
         device=device,
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
@@ -218,6 +215,15 @@ def load_runners(
         gpu_memory_utilization=config.gpu_memory_utilization,
         activation_bytes=measure_activation_peak(models, config) if device.type == "cuda" else 0,
     )
+
+
+def load_runners(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
+    """The target's runner (and the draft's) in this process: weights loaded, one KV pool sized from
+    the budget and allocated for each, and on CUDA decode graphs (steps 1-4 of the module docstring)."""
+    dtype, device, max_model_len = resolved.dtype, resolved.device, resolved.max_model_len
+    dirs = [resolved.model_dir] + ([] if resolved.draft_dir is None else [resolved.draft_dir])
+    models = [load_model(d, dtype, device, config.show_progress) for d in dirs]
+    num_blocks = size_kv_pool(config, models, [m.config for m in models], max_model_len)
     runners = [ModelRunner(m, PagedKVCache(m.shard, num_blocks, config.block_size, dtype, device)) for m in models]
     if device.type == "cuda" and not config.enforce_eager:  # decode steps replay CUDA graphs (chapter 05)
         for runner in runners:
@@ -244,11 +250,12 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         check_draft_vocabulary(str(config.draft_model), draft_dir, config.model, target_config, tokenizer)
     configs = [target_config] + ([] if draft_dir is None else [ModelConfig.from_model_dir(draft_dir)])
     max_model_len = min([c.max_position_embeddings for c in configs] + [config.max_model_len or 2**62])
+    resolved = ResolvedModels(model_dir, draft_dir, dtype, device, max_model_len)
     if config.tensor_parallel_size > 1:  # chapter 14: the other ranks run in processes of their own
         launch: TensorParallelLauncher = importlib.import_module(TENSOR_PARALLEL_LAUNCHER).launch
-        runners = launch(config, model_dir, draft_dir, dtype, device, max_model_len)
+        runners = launch(config, resolved)
     else:
-        runners = load_runners(config, model_dir, draft_dir, dtype, device, max_model_len)
+        runners = load_runners(config, resolved)
     num_blocks = runners[0].kv_cache.num_blocks
     eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
     mask = StructuredOutputs(tokenizer, target_config.vocab_size, eos)

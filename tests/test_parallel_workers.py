@@ -29,7 +29,7 @@ import torch.distributed as dist
 from mini_infer import LLM, SamplingParams
 from mini_infer.cli import main as cli_main
 from mini_infer.config import ModelConfig
-from mini_infer.engine_builder import EngineConfig
+from mini_infer.engine_builder import EngineConfig, ResolvedModels
 from mini_infer.model_source import resolve_model
 from mini_infer.parallel.workers import TensorParallelRunner, WorkerDiedError, launch
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
@@ -337,7 +337,7 @@ def test_what_cannot_work_is_refused_before_any_process_starts(
 
     def start(device: str, **options: Any) -> None:
         config = EngineConfig(model=str(tiny_model_dir), tensor_parallel_size=2, **options)
-        launch(config, tiny_model_dir, None, torch.float16, torch.device(device), 2048)
+        launch(config, ResolvedModels(tiny_model_dir, None, torch.float16, torch.device(device), 2048))
 
     with pytest.raises(ValueError, match=r"CUDA graphs .* pass enforce_eager=True \(--enforce-eager\)"):
         start("cuda")

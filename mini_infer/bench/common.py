@@ -5,6 +5,8 @@
   ``--output-len`` output tokens each (``add_random_prompt_arguments``, ``random_prompts``).
 * ``add_tensor_parallel_argument``: ``--tensor-parallel-size`` of the engine benchmarks (chapter 14),
   refused below 1 by ``tensor_parallel_size``.
+* ``ComparisonSetup``: device, dtype and ranks of the scripts that time two engines against each
+  other (``prefix_cache``, ``speculative``), and the description their JSON starts with.
 * ``write_results``: the ``--json`` file of a script's figures.
 * ``run_script``: the ``main`` of a script run as ``python -m``.
 """
@@ -15,8 +17,13 @@ import argparse
 import json
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from mini_infer.device import resolve_device, resolve_dtype
 
 
 def add_random_prompt_arguments(
@@ -46,6 +53,43 @@ def tensor_parallel_size(args: argparse.Namespace) -> int:
     if size < 1:
         raise SystemExit(f"--tensor-parallel-size must be a positive integer, got {size}")
     return int(size)
+
+
+@dataclass(frozen=True)
+class ComparisonSetup:
+    """Where a script that times two engines runs, from ``--device``, ``--dtype`` and
+    ``--tensor-parallel-size``. On one rank both engines live in one process and are timed
+    interleaved, so that a drifting machine slows both alike; a process holds one tensor-parallel
+    engine, so on N > 1 ranks they run one after the other."""
+
+    device: torch.device
+    dtype: torch.dtype
+    ranks: int
+    threads: int  # this process's torch threads, before any engine is built
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ComparisonSetup:
+        device = resolve_device(args.device)
+        return cls(device, resolve_dtype(args.dtype, device), tensor_parallel_size(args), torch.get_num_threads())
+
+    @property
+    def interleaved(self) -> bool:
+        return self.ranks == 1
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def description(self, args: argparse.Namespace) -> dict[str, Any]:
+        """How the comparison ran, as its JSON records it, with the script's arguments."""
+        return {
+            "dtype": self.dtype_name,
+            "device": str(self.device),
+            "threads": self.threads,
+            "tensor_parallel_size": self.ranks,
+            "order": "interleaved" if self.interleaved else "sequential",
+            "args": {key: value for key, value in vars(args).items() if key != "func"},
+        }
 
 
 def write_results(path: str, results: dict[str, Any]) -> None:

@@ -46,11 +46,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from mini_infer.bench.common import add_tensor_parallel_argument, run_script, tensor_parallel_size, write_results
+from mini_infer.bench.common import (
+    ComparisonSetup,
+    add_tensor_parallel_argument,
+    run_script,
+    write_results,
+)
 from mini_infer.config import ModelConfig
-from mini_infer.device import resolve_device, resolve_dtype, synchronize
+from mini_infer.device import synchronize
 from mini_infer.kv.block_pool import num_blocks_for
 from mini_infer.kv.radix_cache import RadixCache
 from mini_infer.llm import LLM
@@ -194,12 +197,9 @@ def run(args: argparse.Namespace) -> int:
     lo, hi = args.question_len
     if not 1 <= lo <= hi:
         raise SystemExit("--question-len LO HI needs 1 <= LO <= HI (every prompt has a question of its own)")
-    ranks = tensor_parallel_size(args)
-    interleaved = ranks == 1  # one tensor-parallel engine per process: on N ranks, one engine at a time
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    dtype_name = str(dtype).removeprefix("torch.")
-    model_dir = Path(args.model) if args.model else random_model_dir(args.shape, dtype_name)
+    setup = ComparisonSetup.from_args(args)
+    device, dtype, ranks = setup.device, setup.dtype, setup.ranks
+    model_dir = Path(args.model) if args.model else random_model_dir(args.shape, setup.dtype_name)
     model_name = str(model_dir) if args.model else f"random-weight {args.shape}"
 
     def make_llm(enable_prefix_caching: bool, num_kv_blocks: int) -> LLM:
@@ -228,10 +228,11 @@ def run(args: argparse.Namespace) -> int:
     warm_up = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)  # first calls allocate, pick kernels
     shareable = shareable_tokens(prompts, group_of, args.block_size)
 
-    threads = torch.get_num_threads()
-    on_ranks = "" if interleaved else f", split over {ranks} ranks ({max(1, threads // ranks)} threads each)"
+    on_ranks = (
+        "" if setup.interleaved else f", split over {ranks} ranks ({max(1, setup.threads // ranks)} threads each)"
+    )
     print(
-        f"prefix-cache benchmark: {model_name}, {dtype_name} on {device} ({threads} threads){on_ranks}, "
+        f"prefix-cache benchmark: {model_name}, {setup.dtype_name} on {device} ({setup.threads} threads){on_ranks}, "
         f"block size {args.block_size}, budget {args.max_num_batched_tokens} tokens a step"
     )
     print(
@@ -241,13 +242,13 @@ def run(args: argparse.Namespace) -> int:
     )
     order = (
         f"cache off and on interleaved, {args.repeats} runs each"
-        if interleaved
+        if setup.interleaved
         else f"sequential: {args.repeats} run(s) with the cache off, then {args.repeats} with it on, one "
         f"{ranks}-rank engine at a time (a process holds one tensor-parallel engine), so not interleaved"
     )
     print(f"runs: {order}", flush=True)
     runs: dict[str, list[RunResult]] = {"off": [], "on": []}
-    if interleaved:
+    if setup.interleaved:
         with make_llm(False, num_blocks) as off, make_llm(True, num_blocks) as on:
             for llm in (off, on):
                 run_once(llm, prompts[:2], warm_up)
@@ -313,12 +314,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         results: dict[str, Any] = {
             "model": model_name,
-            "dtype": dtype_name,
-            "device": str(device),
-            "threads": threads,
-            "tensor_parallel_size": ranks,
-            "order": "interleaved" if interleaved else "sequential",
-            "args": {k: v for k, v in vars(args).items() if k != "func"},
+            **setup.description(args),
             "prompt_tokens": prompt_tokens,
             "shareable_tokens": total_shareable,
             "hit_tokens": hit,

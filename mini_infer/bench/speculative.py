@@ -31,8 +31,13 @@ from typing import Any
 
 import torch
 
-from mini_infer.bench.common import add_tensor_parallel_argument, run_script, tensor_parallel_size, write_results
-from mini_infer.device import resolve_device, resolve_dtype, synchronize
+from mini_infer.bench.common import (
+    ComparisonSetup,
+    add_tensor_parallel_argument,
+    run_script,
+    write_results,
+)
+from mini_infer.device import synchronize
 from mini_infer.llm import LLM
 from mini_infer.sampling_params import SamplingParams
 from mini_infer.tiny_corpus import TASKS, held_out_questions
@@ -123,11 +128,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--k must be comma-separated positive integers, got {args.k!r}") from None
     if not ks or ks[0] < 1 or args.num_prompts < 1 or args.batch_size < 1 or args.max_tokens < 1 or args.repeats < 1:
         raise SystemExit("--k values, --num-prompts, --batch-size, --max-tokens and --repeats must be >= 1")
-    ranks = tensor_parallel_size(args)
-    interleaved = ranks == 1  # one tensor-parallel engine per process: on N ranks, one engine at a time
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    dtype_name = str(dtype).removeprefix("torch.")
+    setup = ComparisonSetup.from_args(args)
+    device, dtype, ranks = setup.device, setup.dtype, setup.ranks
     chats = workload(args.prompts_file, args.num_prompts)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
 
@@ -149,11 +151,10 @@ def run(args: argparse.Namespace) -> int:
             **speculation,
         )
 
-    threads = torch.get_num_threads()
-    on_ranks = "" if interleaved else f"; target split over {ranks} ranks, draft on rank 0"
+    on_ranks = "" if setup.interleaved else f"; target split over {ranks} ranks, draft on rank 0"
     print(
-        f"speculative-decoding benchmark: target {args.model}, draft {args.draft_model}, {dtype_name} on {device} "
-        f"({threads} threads{on_ranks})"
+        f"speculative-decoding benchmark: target {args.model}, draft {args.draft_model}, {setup.dtype_name} on {device} "
+        f"({setup.threads} threads{on_ranks})"
     )
     print(
         f"workload: {len(chats)} chat questions, {args.batch_size} at a time, greedy, up to {args.max_tokens} tokens each",
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     )
     order = (
         "with and without the draft alternating"
-        if interleaved
+        if setup.interleaved
         else f"sequential: the target alone first, then each k's engine, one {ranks}-rank engine at a time "
         "(a process holds one tensor-parallel engine), so not interleaved"
     )
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         return [run_once(llm, chats, params, args.batch_size) for _ in range(args.repeats)]
 
     plain = make_llm(None)
-    if interleaved:
+    if setup.interleaved:
         run_once(plain, chats[:2], params, args.batch_size)
     else:
         with plain:  # closed (its workers ended) before the first engine with a draft is built
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     all_equal = True
     for k in ks:
         with make_llm(k) as spec:
-            if interleaved:
+            if setup.interleaved:
                 run_once(spec, chats[:2], params, args.batch_size)
                 alone_runs, spec_runs = [], []
                 for _ in range(args.repeats):
@@ -228,12 +229,7 @@ def run(args: argparse.Namespace) -> int:
         results = {
             "target": args.model,
             "draft": args.draft_model,
-            "dtype": dtype_name,
-            "device": str(device),
-            "threads": threads,
-            "tensor_parallel_size": ranks,
-            "order": "interleaved" if interleaved else "sequential",
-            "args": {key: value for key, value in vars(args).items() if key != "func"},
+            **setup.description(args),
             "rows": rows,
         }
         write_results(args.json, results)

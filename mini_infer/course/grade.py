@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 GRADED = Path(__file__).parent / "graded"
+HELPERS = "graded_helpers.py"  # what several chapters' tests share, copied beside them
 
 # The child's conftest: refuses to run against any other package, records each test's outcome.
 CHILD_CONFTEST = """
@@ -162,12 +163,21 @@ def child_environment(package_dir: Path) -> dict[str, str]:
     return env
 
 
-def prepare_run_dir(work: Path, chapter: int) -> Path:
-    """``work`` set up for a run: the chapter's tests, the child's conftest, an empty pytest.ini."""
-    shutil.copyfile(graded_file(chapter), work / f"test_chapter{chapter:02d}.py")
+def copy_graded_tests(chapters: list[int], folder: Path) -> list[Path]:
+    """Copy the graded tests of ``chapters`` into ``folder``, with the helpers they share (this
+    package's copies, never the graded package's); return the test files."""
+    shutil.copyfile(GRADED / HELPERS, folder / HELPERS)
+    files = [folder / graded_file(chapter).name for chapter in chapters]
+    for chapter, file in zip(chapters, files):
+        shutil.copyfile(graded_file(chapter), file)
+    return files
+
+
+def prepare_run_dir(work: Path, chapters: list[int]) -> list[Path]:
+    """``work`` set up for a run: the chapters' tests, the child's conftest, an empty pytest.ini."""
     (work / "conftest.py").write_text(CHILD_CONFTEST)
     (work / "pytest.ini").write_text("[pytest]\n")
-    return work / f"test_chapter{chapter:02d}.py"
+    return copy_graded_tests(chapters, work)
 
 
 def grade(chapter: int, package_dir: Path, timeout: float = 600.0) -> GradeReport:
@@ -191,7 +201,7 @@ def grade_chapters(chapters: list[int], package_dir: Path, timeout: float = 600.
         reports[chapter] = GradeReport(chapter, str(package_dir), total=total)
     with tempfile.TemporaryDirectory(prefix="mini-infer-grade-") as tmp:
         work = Path(tmp)
-        files = [prepare_run_dir(work, chapter) for chapter in chapters]
+        files = prepare_run_dir(work, chapters)
         env = child_environment(package_dir)
         env["MINI_INFER_GRADE_RESULTS"] = str(work / "results.json")
         # One chapter that fails to import must not stop the others from being graded.

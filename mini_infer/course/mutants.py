@@ -324,7 +324,7 @@ for job in jobs:
     target = package / job["path"]
     original = target.read_text()
     target.write_text(job["source"])
-    for name in [m for m in sys.modules if m.startswith("mini_infer") or m.startswith("test_chapter") or m == "conftest"]:
+    for name in [m for m in sys.modules if m.startswith("mini_infer") or m.startswith("test_chapter") or m in ("conftest", "graded_helpers")]:
         del sys.modules[name]
     signal.alarm(timeout)
     try:
@@ -350,7 +350,8 @@ def run_mutants(selected: list[Mutant], per_mutant_timeout: int = 60) -> list[bo
         shutil.copytree(PACKAGE, copy_root / "mini_infer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         run_dir = work / "run"
         run_dir.mkdir()
-        tests = {c: str(prepare_run_dir(run_dir, c)) for c in sorted({m.region.chapter for m in selected})}
+        chapters = sorted({m.region.chapter for m in selected})
+        tests = {c: str(file) for c, file in zip(chapters, prepare_run_dir(run_dir, chapters))}
         jobs = [{"path": m.region.path, "source": m.source, "tests": tests[m.region.chapter]} for m in selected]
         (work / "jobs.json").write_text(json.dumps(jobs))
         (work / "worker.py").write_text(WORKER)

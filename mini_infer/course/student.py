@@ -12,9 +12,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from mini_infer.course.grade import GRADED, copy_graded_tests
 from mini_infer.course.regions import Region, blank, package_regions, parse_chapters
 
-GRADED = Path(__file__).parent / "graded"
 PACKAGE = Path(__file__).resolve().parent.parent
 
 # Beside the tests: make ``python -m pytest`` in the student's tree import *its* package, never
@@ -61,8 +61,7 @@ def write_student_package(out: Path, chapters: str | None = None, package: Path 
     tests = out / "tests"
     tests.mkdir(exist_ok=True)
     (tests / "conftest.py").write_text(TESTS_CONFTEST)
-    for chapter in sorted(chosen & graded_chapters()):
-        shutil.copyfile(GRADED / f"test_chapter{chapter:02d}.py", tests / f"test_chapter{chapter:02d}.py")
+    copy_graded_tests(sorted(chosen & graded_chapters()), tests)
     # Line numbers of the student's files (each region is one line shorter now).
     blanked = [r for r in package_regions(target) if r.chapter in chosen]
     (out / "ASSIGNMENTS.md").write_text(assignments_text(blanked))

@@ -57,9 +57,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mini_infer.config import ModelConfig
-from mini_infer.engine_builder import EngineConfig, load_model, measure_activation_peak
+from mini_infer.engine_builder import EngineConfig, ResolvedModels, load_model, size_kv_pool
 from mini_infer.kv.paged_attention import PagedKVCache
-from mini_infer.kv.sizing import kv_blocks_for_memory
 from mini_infer.model import Qwen2Model, shard_config
 from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
 from mini_infer.parallel.shards import RankGroup, load_shard
@@ -137,20 +136,14 @@ class RankReport:
     last_step: _Trace
 
 
-def launch(
-    config: EngineConfig,
-    model_dir: Path,
-    draft_dir: Path | None,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_model_len: int,
-) -> list[ModelRunner]:
-    """Start ranks 1..N-1 and return rank 0's runner, then the draft's when ``draft_dir`` is given
+def launch(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
+    """Start ranks 1..N-1 and return rank 0's runner, then the draft's when ``resolved`` has one
     (see the module docstring)."""
+    model_dir, draft_dir, dtype, device = resolved.model_dir, resolved.draft_dir, resolved.dtype, resolved.device
     size = config.tensor_parallel_size
     _refuse_what_cannot_work(config, ModelConfig.from_model_dir(model_dir), device)
     threads = torch.get_num_threads()
-    spec = RankSpec(config, model_dir, dtype, device, max_model_len, max(1, threads // size))
+    spec = RankSpec(config, model_dir, dtype, device, resolved.max_model_len, max(1, threads // size))
     store = None
     if _under_torchrun():
         if dist.get_world_size() != size or dist.get_rank() != 0:
@@ -404,23 +397,11 @@ def _allocate_kv_caches(
     """This rank's part of the KV pool (``models[0]``, its shard) and, on rank 0 with a draft, the
     draft's whole pool (``models[1]``), with the block count all ranks agree on (the smallest)."""
     config, model, device = spec.config, models[0], models[0].device
-    blocks = config.num_kv_blocks
-    if blocks is None:
-        blocks = kv_blocks_for_memory(
-            # One shared memory (size as one process would), or a card each (this rank's shard);
-            # a draft is whole wherever it runs.
-            [model.config if device.type == "cpu" else model.shard] + [d.config for d in models[1:]],
-            block_size=config.block_size,
-            dtype=spec.dtype,
-            device=device,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=spec.max_model_len,
-            kv_cache_memory=config.kv_cache_memory,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            # On GPUs every rank measures its peak at once: the target's measured step (first, before
-            # rank 0's draft) has collectives that need them all.
-            activation_bytes=measure_activation_peak(models, config) if device.type == "cuda" else 0,
-        )
+    # One shared memory (size as one process would), or a card each (this rank's shard); a draft
+    # is whole wherever it runs. On GPUs every rank measures its peak at once: the target's
+    # measured step (first, before rank 0's draft) has collectives that need them all.
+    kept = [model.config if device.type == "cpu" else model.shard] + [d.config for d in models[1:]]
+    blocks = size_kv_pool(config, models, kept, spec.max_model_len)
     agreed = torch.tensor([blocks])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control)
     return [PagedKVCache(m.shard, int(agreed.item()), config.block_size, spec.dtype, device) for m in models]

@@ -2,47 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
 import torch
+from graded_helpers import dense_causal, small_config
 
-from mini_infer.config import ModelConfig
 from mini_infer.kv.block_pool import BlockTable, slot_for, slot_mapping
 from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, _gather, _pool_rows, build_metadata
 
 BLOCK = 4
-
-
-def config(heads: int, kv_heads: int) -> ModelConfig:
-    return ModelConfig(
-        vocab_size=10,
-        hidden_size=heads * 8,
-        intermediate_size=8,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=8,
-        max_position_embeddings=512,
-        rope_theta=1e4,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        torch_dtype=None,
-    )
-
-
-def dense_causal(q, k, v):
-    num_queries, heads, dim = q.shape
-    group = heads // k.shape[1]
-    offset = k.shape[0] - num_queries
-    out = torch.empty_like(q)
-    for h in range(heads):
-        scores = q[:, h] @ k[:, h // group].T / math.sqrt(dim)
-        for i in range(num_queries):
-            scores[i, offset + i + 1 :] = float("-inf")
-        out[:, h] = scores.softmax(-1) @ v[:, h // group]
-    return out
 
 
 @pytest.mark.points(2)
@@ -89,7 +58,9 @@ def test_store_then_attend_through_the_pool(seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     heads, kv_heads = [(4, 2), (2, 2), (6, 1)][seed]
-    cache = PagedKVCache(config(heads, kv_heads), num_blocks=48, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(
+        small_config(heads, kv_heads), num_blocks=48, block_size=BLOCK, dtype=torch.float32, device="cpu"
+    )
     free = list(range(48))
     rng.shuffle(free)
     sequences: list[tuple[int, int, list[int], torch.Tensor, torch.Tensor]] = []  # (context_len, num_new, table, k, v)

@@ -14,6 +14,7 @@ import random
 from collections.abc import Sequence as Seq
 
 import pytest
+from graded_helpers import check_unpressured_outputs, expected_output, fake_step, fake_token, ids, random_requests
 
 from mini_infer.kv.block_pool import BlockPool
 from mini_infer.sampling_params import SamplingParams
@@ -21,11 +22,6 @@ from mini_infer.scheduler import Scheduler
 from mini_infer.sequence import Sequence, SequenceStatus
 
 BS = 4  # tokens per block
-
-
-def fake_token(token_ids: list[int]) -> int:
-    """The 'model': a next token that depends on the whole sequence."""
-    return (sum(token_ids) * 31 + len(token_ids)) % 97
 
 
 class WholeBlockPrefixCache:
@@ -85,26 +81,7 @@ def add(scheduler: Scheduler, name: str, prompt: list[int], max_tokens: int = 8,
 
 def step(scheduler: Scheduler) -> list[tuple[str, int]]:
     """One engine step with the fake model; returns what was scheduled, (request id, new tokens)."""
-    out = scheduler.schedule()
-    kept = [[fake_token(s.seq.token_ids)] if s.samples else [] for s in out.scheduled]
-    scheduler.update(out.scheduled, kept)
-    for item in out.scheduled:
-        seq = item.seq
-        if seq.status is SequenceStatus.RUNNING and seq.num_output_tokens >= seq.params.max_tokens:
-            scheduler.finish(seq, "length")
-    scheduler.check_invariants()
-    return [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled]
-
-
-def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(max_tokens):
-        tokens.append(fake_token(tokens))
-    return tokens[len(prompt) :]
-
-
-def ids(seqs: object) -> list[str]:
-    return [s.request_id for s in seqs]  # type: ignore[attr-defined]
+    return [(s.seq.request_id, s.num_new_tokens) for s in fake_step(scheduler).scheduled]
 
 
 @pytest.mark.points(2)
@@ -290,8 +267,7 @@ def test_random_workloads_follow_the_policy_step_by_step(seed):
                     order.remove(name)
                     del state[name]
     assert not scheduler.has_unfinished
-    for name, (prompt, max_tokens) in requests.items():
-        assert seqs[name].output_token_ids == expected_output(prompt, max_tokens), name
+    check_unpressured_outputs(seqs, requests)
 
 
 @pytest.mark.points(3)
@@ -299,13 +275,8 @@ def test_random_workloads_follow_the_policy_step_by_step(seed):
 def test_under_block_pressure_every_request_ends_with_its_unpressured_output(seed):
     rng = random.Random(seed)
     scheduler = make(num_blocks=10, budget=rng.choice([6, 12]), max_seqs=6)
-    requests = {}
-    seqs = {}
-    for i in range(12):
-        prompt = [rng.randrange(50) for _ in range(rng.randint(1, 16))]
-        max_tokens = rng.randint(1, 16)
-        seqs[str(i)] = add(scheduler, str(i), prompt, max_tokens=max_tokens)
-        requests[str(i)] = (prompt, max_tokens)
+    requests = random_requests(rng, 12, longest=16)
+    seqs = {name: add(scheduler, name, prompt, max_tokens=n) for name, (prompt, n) in requests.items()}
     steps = 0
     while scheduler.has_unfinished:
         assert step(scheduler), "a step with unfinished requests scheduled nothing: the engine would hang"
@@ -313,5 +284,4 @@ def test_under_block_pressure_every_request_ends_with_its_unpressured_output(see
         assert steps < 2000
     assert scheduler.num_preemptions > 0  # the pool was too small for everyone at once
     assert scheduler.pool.num_free_blocks == 10
-    for name, (prompt, max_tokens) in requests.items():
-        assert seqs[name].output_token_ids == expected_output(prompt, max_tokens), name
+    check_unpressured_outputs(seqs, requests)
