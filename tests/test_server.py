@@ -119,6 +119,24 @@ def test_chat_greedy_equals_llm_chat(client: openai.OpenAI, llm: LLM) -> None:
         assert got.object == "chat.completion" and got.model == MODEL and got.id.startswith("chatcmpl-")
 
 
+def test_messages_may_carry_a_name(client: openai.OpenAI) -> None:
+    # OpenAI's messages take an optional participant "name"; AutoGen names every user message,
+    # LangChain and LangGraph send a message's name. It goes to the chat template (as in vLLM),
+    # and Qwen's template does not render it.
+    named = [
+        {"role": "system", "content": "Be brief.", "name": "rules"},
+        {"role": "user", "content": "hello world", "name": "alice"},
+        {"role": "assistant", "content": "a", "name": "helper"},
+        {"role": "user", "content": "more", "name": "alice"},
+    ]
+    plain = [{k: v for k, v in m.items() if k != "name"} for m in named]
+    got, want = (
+        client.chat.completions.create(model=MODEL, messages=m, max_tokens=6, temperature=0) for m in (named, plain)
+    )
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.usage is not None and want.usage is not None and got.usage.prompt_tokens == want.usage.prompt_tokens
+
+
 def test_chat_streaming_equals_llm_chat(client: openai.OpenAI, llm: LLM) -> None:
     expected = llm.chat(MESSAGES, greedy(12), use_tqdm=False)
     for messages, want in zip(MESSAGES, expected):

@@ -7,7 +7,9 @@ all of them the server (and its engine thread) must still answer normally.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GOOD_CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 GOOD_COMPLETION: dict[str, Any] = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+TOOL = {"type": "function", "function": {"name": "f"}}
 
 # Values of the wrong type, or out of range, for fields of every type.
 WRONG = ["x", "", -1, 0, -(10**30), 10**30, 1.5, 1e308, -1e308, True, [], {}, [1], {"a": 1}]
@@ -167,7 +170,7 @@ def cases() -> list[tuple[str, str, dict[str, str], bytes]]:
         [{"role": "user"}],
         [{"role": "user", "content": 5}],
         [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
-        [{"role": "user", "content": "hi", "name": "bob"}],
+        [{"role": "user", "content": "hi", "name": 5}],
         [{"role": "user", "content": "hi", "tool_calls": []}],
         [{"role": "tool", "content": "x", "tool_call_id": 5}],
         [None],
@@ -331,3 +334,67 @@ def test_lying_content_length_is_refused(server: BackgroundServer) -> None:
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:100]
     assert httpx.get(server.base_url + "/health").status_code == 200
+
+
+def test_client_gone_before_its_body_arrived_is_not_a_server_error(caplog: pytest.LogCaptureFixture) -> None:
+    # A client that sends the headers and part of the body, then closes: reading the body ends
+    # with the disconnect. That is the client's doing, answered 499 like any client that left,
+    # not a 500 with a logged traceback. Driven over ASGI: the body is read before the engine is used.
+    app = build_app(ServerConfig(model="unused", show_progress=False))
+    incoming = [
+        {"type": "http.request", "body": b'{"model": "unused", "prompt": "', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": COMPLETIONS,
+        "raw_path": COMPLETIONS.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        # A field of several forms: the error is the one form the value has the shape of, not
+        # "not a string" for a list that is a list of strings.
+        ({"stop": ["x"] * 17}, "stop", "at most 16 items"),
+        ({"stop": ["x", 5]}, "stop.1", "valid string"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages.0.content.0.type",
+            "'text'",
+        ),
+        # The Responses API's shape of a named tool choice.
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "f"}}, "tool_choice.function", "required"),
+        # A value no form fits better than another keeps the general message.
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "other accepted forms"),
+    ],
+)
+def test_errors_of_fields_with_several_forms_name_what_is_wrong(
+    server: BackgroundServer, extra: dict[str, Any], param: str, words: str
+) -> None:
+    response = httpx.post(server.base_url + CHAT, json=dict(GOOD_CHAT, **extra), timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error

@@ -261,6 +261,31 @@ def test_streamed_tool_call_deltas_are_openai_shaped(client: openai.OpenAI) -> N
     assert len(fingerprints) == 1 and next(iter(fingerprints)).startswith("fp_")
 
 
+def test_forced_call_of_a_function_without_parameters_takes_none(client: openai.OpenAI) -> None:
+    # OpenAI: "omitting parameters defines a function with an empty parameter list". An object
+    # schema that merely lists no properties still allows any key, and the tiny model, given one,
+    # writes keys until max_tokens.
+    ping = {"type": "function", "function": {"name": "ping", "description": "Check that the service is up."}}
+    for i, question in enumerate(questions(4, seed=6)):
+        kwargs: Any = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": question}],
+            "tools": [ping],
+            "tool_choice": "required" if i % 2 else {"type": "function", "function": {"name": "ping"}},
+            "temperature": 0.9,
+            "seed": i,
+            "max_tokens": 60,
+        }
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice.message
+        assert choice.message.tool_calls[0].function.arguments == "{}"
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        arguments = "".join(
+            d.function.arguments or "" for c in chunks for d in c.choices[0].delta.tool_calls or [] if d.function
+        )
+        assert arguments == "{}"
+
+
 # ------------------------------------------------------------------ LangChain
 class Weather(BaseModel):
     """The weather to look up."""

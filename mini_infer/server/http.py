@@ -24,13 +24,16 @@ import math
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from mini_infer.server.protocol import APIError, bad_request, dumps
 
 T = TypeVar("T")
+
+# HTTP 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
+CLIENT_CLOSED = 499
 
 
 def json_response(body: Any, status_code: int = 200) -> Response:
@@ -49,7 +52,8 @@ def _no_constants(name: str) -> Any:
 
 
 async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request's JSON object, or an ``APIError`` (400, or 413 for a body over ``max_bytes``)."""
+    """The request's JSON object, or an ``APIError`` (400, 413 for a body over ``max_bytes``, 499
+    for a client that left before sending all of it)."""
     content_type = request.headers.get("content-type", "")
     media_type, _, params = content_type.partition(";")
     if media_type.strip().lower() != "application/json":
@@ -66,11 +70,18 @@ async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
         if int(declared) > max_bytes:
             raise _too_large(int(declared), max_bytes)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        # The declared length is the client's word; the bytes are the fact.
-        if len(body) > max_bytes:
-            raise _too_large(len(body), max_bytes)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            # The declared length is the client's word; the bytes are the fact.
+            if len(body) > max_bytes:
+                raise _too_large(len(body), max_bytes)
+    except ClientDisconnect:
+        # The client left before its body arrived: its doing, not a server error (no 500, no
+        # traceback in the log); the answer goes nowhere, the status shows in the access log.
+        raise APIError(
+            CLIENT_CLOSED, "the client closed the connection before sending its whole body", code="client_closed"
+        ) from None
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -125,8 +125,12 @@ class FunctionDefinition(_Strict):
     strict: bool | None = None
 
     def parameters_schema(self) -> dict[str, Any]:
-        """The JSON Schema of the arguments; a function without ``parameters`` takes none."""
-        return self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+        """The JSON Schema of the arguments; a function without ``parameters`` takes none (OpenAI:
+        an empty parameter list), so no key is allowed: an object schema that only lists no
+        properties would let a forced call write any keys."""
+        if self.parameters is not None:
+            return self.parameters
+        return {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 class Tool(_Strict):
@@ -165,6 +169,9 @@ _NULL_ONLY_MESSAGE_FIELDS = ("refusal", "annotations", "audio", "function_call")
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    # OpenAI's optional participant name (AutoGen names every user message; LangChain sends a
+    # message's name): given to the chat template, as vLLM does; Qwen's template leaves it out.
+    name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
 
@@ -197,6 +204,8 @@ class ChatMessage(_Strict):
         """The message as the chat template reads it."""
         # The template knows "system"; OpenAI's newer "developer" role means the same thing.
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
         if self.tool_calls:
             message["tool_calls"] = [
                 {
@@ -473,10 +482,42 @@ def parse_request(model: type[M], body: dict[str, Any]) -> M:
         raise bad_request("the request is nested too deeply") from None
 
 
+# Errors that only say a value is not of some type: in a union, every form it is not says so.
+_TYPE_MISMATCH = frozenset(
+    {"string_type", "int_type", "float_type", "bool_type", "list_type", "dict_type", "literal_error", "model_type"}
+)
+
+
+def _closest_form(errors: list[Any]) -> tuple[Any, tuple[Any, ...]] | None:
+    """For a field of several forms (a union) that its value fits none of: the first error of the
+    one form whose type the value has, and that error's location without the form's tag (20 stop
+    strings: the list is too long, not "not a string"; an image part: its type is not 'text').
+    None when no form, or more than one, got past the type check (then no form is likelier)."""
+    first = errors[0]
+    if not first["loc"] or not _TYPE_TAG.search(str(first["loc"][-1])):
+        return None  # not a union's form
+    head = first["loc"][:-1]
+    closest: dict[Any, Any] = {}
+    for error in errors:
+        loc = error["loc"]
+        of_a_form = len(loc) > len(head) and loc[: len(head)] == head
+        if of_a_form and (len(loc) > len(head) + 1 or error["type"] not in _TYPE_MISMATCH):
+            closest.setdefault(loc[len(head)], error)  # keyed by the form's tag
+    if len(closest) != 1:
+        return None
+    (error,) = closest.values()
+    return error, (*head, *error["loc"][len(head) + 1 :])
+
+
 def _validation_error(exc: ValidationError, model: type[BaseModel]) -> APIError:
     errors = exc.errors(include_url=False)
     first = errors[0]
-    loc = [str(part) for part in first["loc"] if isinstance(part, int) or not _TYPE_TAG.search(str(part))]
+    closest = _closest_form(errors)
+    if closest is not None:
+        first, raw_loc = closest
+    else:
+        raw_loc = first["loc"]
+    loc = [str(part) for part in raw_loc if isinstance(part, int) or not _TYPE_TAG.search(str(part))]
     param = ".".join(loc) or None
     kind = first["type"]
     if param is None:
@@ -492,7 +533,7 @@ def _validation_error(exc: ValidationError, model: type[BaseModel]) -> APIError:
         return bad_request(f"{param} is required", param=param)
     message = str(first["msg"]).removeprefix("Value error, ")
     same_field = sum(1 for e in errors if [str(p) for p in e["loc"]][:1] == [str(p) for p in first["loc"]][:1])
-    if same_field > 1 and first["type"] in ("string_type", "int_type", "list_type", "literal_error", "model_type"):
+    if closest is None and same_field > 1 and first["type"] in _TYPE_MISMATCH:
         message = f"invalid type or value ({message}, or one of the other accepted forms)"
     return bad_request(f"{param}: {message}" if param else message, param=param)
 

@@ -39,7 +39,7 @@ from mini_infer.server.async_engine import (
     RequestRejectedError,
     RequestStream,
 )
-from mini_infer.server.http import EventStreamResponse, json_response, run_until_disconnect
+from mini_infer.server.http import CLIENT_CLOSED, EventStreamResponse, json_response, run_until_disconnect
 from mini_infer.server.metrics import ServerMetrics
 from mini_infer.server.protocol import (
     SSE_DONE,
@@ -72,10 +72,6 @@ class ServerConfig:
 
 def unavailable(reason: str) -> APIError:
     return APIError(503, reason, type="server_error", code="engine_unavailable")
-
-
-# HTTP 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
-CLIENT_CLOSED = 499
 
 
 class Call:
