@@ -144,7 +144,7 @@ class ResolvedModels:
     draft_dir: Path | None
     dtype: torch.dtype
     device: torch.device
-    max_model_len: int  # the smallest of the config's and every model's limit
+    max_model_len: int  # context_limit's
 
 
 class TensorParallelLauncher(Protocol):
@@ -173,7 +173,7 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     # One long chunk, then one token per sequence. No chunk reaches past the engine's context (nor
     # past RoPE's table, max_position_embeddings rows): a model with fewer positions than the
     # budget gets its tokens as several chunks, of which the last samples.
-    context = min([m.config.max_position_embeddings for m in models] + [config.max_model_len or 2**62])
+    context = context_limit(config.max_model_len, [m.config for m in models])
     chunk_tokens = config.max_num_batched_tokens - rows + 1
     chunks = [min(context, chunk_tokens - start) for start in range(0, chunk_tokens, context)]
     inputs: list[SequenceInput] = []
@@ -244,6 +244,20 @@ def load_runners(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRu
     return runners
 
 
+def context_limit(asked: int | None, configs: list[ModelConfig]) -> int:
+    """The engine's ``max_model_len``: ``asked``, or when it is None the models' shortest context
+    (``max_position_embeddings``; with a draft, the shorter of the two). Asking for more than that
+    is an error, as in vLLM: positions past a model's context are ones it never learned."""
+    limit = min(c.max_position_embeddings for c in configs)
+    if asked is not None and asked > limit:
+        whose = "the model's context" if len(configs) == 1 else "the shorter context of the target and draft models"
+        raise ValueError(
+            f"max_model_len={asked} is longer than {whose} ({limit} tokens, max_position_embeddings): "
+            f"give max_model_len <= {limit}, or leave it unset"
+        )
+    return asked or limit
+
+
 def build_engine(config: EngineConfig) -> LLMEngine:
     """An engine with every part its config asks for (see the module docstring)."""
     config.validate()
@@ -256,7 +270,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if draft_dir is not None:  # before any weights are loaded
         check_draft_vocabulary(str(config.draft_model), draft_dir, config.model, target_config, tokenizer)
     configs = [target_config] + ([] if draft_dir is None else [ModelConfig.from_model_dir(draft_dir)])
-    max_model_len = min([c.max_position_embeddings for c in configs] + [config.max_model_len or 2**62])
+    max_model_len = context_limit(config.max_model_len, configs)
     resolved = ResolvedModels(model_dir, draft_dir, dtype, device, max_model_len)
     if config.tensor_parallel_size > 1:  # chapter 14: the other ranks run in processes of their own
         launch: TensorParallelLauncher = importlib.import_module(TENSOR_PARALLEL_LAUNCHER).launch

@@ -167,6 +167,15 @@ def test_chat_applies_template(tiny_model_dir):
     assert out.prompt.endswith("<|im_start|>assistant\n")
 
 
+def test_max_model_len_may_shorten_the_context_but_not_lengthen_it(tiny_model_dir):
+    short = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=16, max_model_len=100, show_progress=False)
+    assert short.engine.max_model_len == 100
+    with pytest.raises(RequestTooLongError, match="maximum context length is 100"):
+        short.generate([[1, 2, 3]], SamplingParams(max_tokens=98), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"max_model_len=4096 is longer than the model's context \(2048 tokens"):
+        LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=16, max_model_len=4096, show_progress=False)
+
+
 def test_integer_scalars_of_numpy_are_token_ids(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False)
     greedy = SamplingParams(max_tokens=4, temperature=0)

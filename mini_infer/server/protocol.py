@@ -190,7 +190,7 @@ class ChatMessage(_Strict):
         if self.tool_call_id is not None and self.role != "tool":
             raise ValueError("only tool messages carry tool_call_id")
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
+            raise ValueError(f"{'an' if self.role[0] in 'aeiou' else 'a'} {self.role} message needs content")
         return self
 
     def text(self) -> str:
