@@ -8,18 +8,15 @@ invariant holds after every step, and that every block comes back.
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# The graded tests' fake model and engine loop (chapters 06 and 07).
+from mini_infer.course.graded.graded_fake_engine import expected_output, fake_step
 from mini_infer.kv.block_pool import BlockPool, num_blocks_for
 from mini_infer.kv.radix_cache import RadixCache
 from mini_infer.sampling import SamplingParams
 from mini_infer.scheduler import Scheduler
-from mini_infer.sequence import Sequence, SequenceStatus
+from mini_infer.sequence import Sequence
 
 BLOCK = 4
-
-
-def fake_token(token_ids: list[int]) -> int:
-    """A 'model' whose next token depends on the whole sequence, like a real one."""
-    return (sum(token_ids) * 31 + len(token_ids)) % 97
 
 
 def run(requests, num_blocks, budget, max_seqs, prefix_caching, abort_at=()):
@@ -35,15 +32,9 @@ def run(requests, num_blocks, budget, max_seqs, prefix_caching, abort_at=()):
         seqs.append(seq)
     steps = 0
     while scheduler.has_unfinished:
-        out = scheduler.schedule()
+        out = fake_step(scheduler)
         assert not out.is_empty, "a step with unfinished requests scheduled nothing: the engine would hang"
         assert out.num_tokens <= budget
-        tokens = [[fake_token(s.seq.token_ids)] if s.samples else [] for s in out.scheduled]
-        scheduler.update(out.scheduled, tokens)
-        for item in out.scheduled:
-            seq = item.seq
-            if seq.status is SequenceStatus.RUNNING and seq.num_output_tokens >= seq.params.max_tokens:
-                scheduler.finish(seq, "length")
         steps += 1
         for index in abort_at:
             if steps == index[0] and index[1] < len(seqs):
@@ -56,13 +47,6 @@ def run(requests, num_blocks, budget, max_seqs, prefix_caching, abort_at=()):
         cache.reset()
     assert pool.num_free_blocks == num_blocks
     return seqs, scheduler
-
-
-def expected_output(prompt, max_tokens):
-    tokens = list(prompt)
-    for _ in range(max_tokens):
-        tokens.append(fake_token(tokens))
-    return tokens[len(prompt) :]
 
 
 request_lists = st.lists(
