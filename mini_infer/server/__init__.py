@@ -5,7 +5,8 @@ The pieces, in the order a request meets them:
 * ``app``: FastAPI routes, API keys, OpenAI-shaped errors;
 * ``http``: bodies read under a size limit, server-sent events, noticing clients that leave;
 * ``protocol``: the OpenAI request models (strict: unknown or unsupported fields are refused)
-  and response shapes; ``response_format``: the fields that constrain the output (JSON Schema,
+  and response shapes; ``validation_errors``: which of pydantic's errors a 400 names;
+  ``response_format``: the fields that constrain the output (JSON Schema,
   JSON mode, vLLM's ``structured_outputs``), enforced by constrained decoding (chapter 09b);
 * ``chat`` and ``completions``: the two generation endpoints; ``tool_calls`` turns the model's
   ``<tool_call>`` blocks into OpenAI tool calls, streaming included;

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -42,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mini_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from mini_infer.server.response_format import ResponseFormat, StructuredOutputsField
+from mini_infer.server.validation_errors import first_field_error
 
 MAX_LOGPROBS = 20
 MAX_CHOICES = 128  # prompts x n in one call: a bound, so one call cannot queue unbounded work
@@ -465,11 +465,6 @@ class DetokenizeRequest(_Strict):
 # Turning validation failures into 400s that name the field
 # --------------------------------------------------------------------------------------------
 
-# Names pydantic adds to a location for the member of a union or a validator (not field names).
-_TYPE_TAG = re.compile(
-    r"[\[\(]|^(str|int|float|bool|list|dict|none|function-.*|literal.*|tagged-union.*)$", re.IGNORECASE
-)
-
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -482,60 +477,20 @@ def parse_request(model: type[M], body: dict[str, Any]) -> M:
         raise bad_request("the request is nested too deeply") from None
 
 
-# Errors that only say a value is not of some type: in a union, every form it is not says so.
-_TYPE_MISMATCH = frozenset(
-    {"string_type", "int_type", "float_type", "bool_type", "list_type", "dict_type", "literal_error", "model_type"}
-)
-
-
-def _closest_form(errors: list[Any]) -> tuple[Any, tuple[Any, ...]] | None:
-    """For a field of several forms (a union) that its value fits none of: the first error of the
-    one form whose type the value has, and that error's location without the form's tag (20 stop
-    strings: the list is too long, not "not a string"; an image part: its type is not 'text').
-    None when no form, or more than one, got past the type check (then no form is likelier)."""
-    first = errors[0]
-    if not first["loc"] or not _TYPE_TAG.search(str(first["loc"][-1])):
-        return None  # not a union's form
-    head = first["loc"][:-1]
-    closest: dict[Any, Any] = {}
-    for error in errors:
-        loc = error["loc"]
-        of_a_form = len(loc) > len(head) and loc[: len(head)] == head
-        if of_a_form and (len(loc) > len(head) + 1 or error["type"] not in _TYPE_MISMATCH):
-            closest.setdefault(loc[len(head)], error)  # keyed by the form's tag
-    if len(closest) != 1:
-        return None
-    (error,) = closest.values()
-    return error, (*head, *error["loc"][len(head) + 1 :])
-
-
 def _validation_error(exc: ValidationError, model: type[BaseModel]) -> APIError:
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    closest = _closest_form(errors)
-    if closest is not None:
-        first, raw_loc = closest
-    else:
-        raw_loc = first["loc"]
-    loc = [str(part) for part in raw_loc if isinstance(part, int) or not _TYPE_TAG.search(str(part))]
-    param = ".".join(loc) or None
-    kind = first["type"]
+    error = first_field_error(exc)
+    param = error.param
     if param is None:
         # A check across fields: its message starts with the field it is about.
-        word = str(first["msg"]).removeprefix("Value error, ").split(" ", 1)[0]
+        word = error.message.split(" ", 1)[0]
         if word in model.model_fields:
-            return bad_request(str(first["msg"]).removeprefix("Value error, "), param=word)
-    if kind == "extra_forbidden" and loc:
-        field = loc[-1]
-        reason = UNSUPPORTED_FIELDS.get(field, "unknown field")
+            return bad_request(error.message, param=word)
+    if error.kind == "extra_forbidden" and error.loc:
+        reason = UNSUPPORTED_FIELDS.get(error.loc[-1], "unknown field")
         return bad_request(f"{param}: {reason}; mini-infer refuses parameters it does not implement", param=param)
-    if kind == "missing":
+    if error.kind == "missing":
         return bad_request(f"{param} is required", param=param)
-    message = str(first["msg"]).removeprefix("Value error, ")
-    same_field = sum(1 for e in errors if [str(p) for p in e["loc"]][:1] == [str(p) for p in first["loc"]][:1])
-    if closest is None and same_field > 1 and first["type"] in _TYPE_MISMATCH:
-        message = f"invalid type or value ({message}, or one of the other accepted forms)"
-    return bad_request(f"{param}: {message}" if param else message, param=param)
+    return bad_request(f"{param}: {error.message}" if param else error.message, param=param)
 
 
 def sampling_error(exc: ValueError) -> APIError:
