@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mini_infer.course.grade import child_environment, prepare_run_dir
+from mini_infer.course.grade import HELPERS, child_environment, prepare_run_dir
 from mini_infer.course.regions import Region, package_regions
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -324,7 +324,7 @@ for job in jobs:
     target = package / job["path"]
     original = target.read_text()
     target.write_text(job["source"])
-    for name in [m for m in sys.modules if m.startswith("mini_infer") or m.startswith("test_chapter") or m in ("conftest", "graded_attention", "graded_fake_engine")]:
+    for name in [m for m in sys.modules if m.startswith("mini_infer") or m.startswith("test_chapter") or m in ("conftest", *__HELPER_MODULES__)]:
         del sys.modules[name]
     signal.alarm(timeout)
     try:
@@ -354,7 +354,9 @@ def run_mutants(selected: list[Mutant], per_mutant_timeout: int = 60) -> list[bo
         tests = {c: str(file) for c, file in zip(chapters, prepare_run_dir(run_dir, chapters))}
         jobs = [{"path": m.region.path, "source": m.source, "tests": tests[m.region.chapter]} for m in selected]
         (work / "jobs.json").write_text(json.dumps(jobs))
-        (work / "worker.py").write_text(WORKER)
+        # The graded tests' shared helpers are imported afresh for every mutant, like the tests.
+        helper_modules = tuple(name.removesuffix(".py") for name in HELPERS)
+        (work / "worker.py").write_text(WORKER.replace("__HELPER_MODULES__", repr(helper_modules)))
         env = child_environment(copy_root)
         env["MINI_INFER_GRADE_RESULTS"] = str(work / "results.json")
         command = [sys.executable, str(work / "worker.py"), str(copy_root), str(work / "jobs.json")]
