@@ -8,6 +8,7 @@
     mini-infer bench prefix-cache       (chapter 08: prefix-cache hits and prefill time saved)
     mini-infer bench speculative        (chapter 10: a draft's acceptance rate against its speedup)
     mini-infer bench serve              (chapter 12: servebench against any OpenAI-compatible server)
+    mini-infer profile --workload decode (where a step's time goes: a trace, a timeline, a table)
     mini-infer course student OUT       (the student track: the package with assignments blanked)
     mini-infer course grade 04 --package OUT   (a chapter's graded tests against OUT/mini_infer)
 
@@ -164,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         bench_parser = bench_sub.add_parser(name, help=summary)
         module.add_arguments(bench_parser)
         bench_parser.set_defaults(func=func)
+
+    from mini_infer.bench import profile as profile_command
+
+    prof = sub.add_parser("profile", help="profile engine steps: trace.json, a timeline and time per phase")
+    profile_command.add_arguments(prof)
+    prof.set_defaults(func=profile_command.main)
 
     from mini_infer.course import cli as course_cli  # light: reads the package's files as text
 

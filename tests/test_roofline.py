@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mini_infer.bench.roofline import Roofline, step_flops, weight_bytes_read
+from mini_infer.bench.roofline import Roofline, step_flops, step_operations, weight_bytes_read
+from mini_infer.config import ModelConfig
 from mini_infer.model import ContiguousKVCache, Qwen2Layer, Qwen2Model
 
 VARIANTS = ["tied-gqa2", "untied-gqa4", "mha-headdim32"]
@@ -70,3 +71,48 @@ def test_a_step_is_bound_by_the_slower_of_memory_and_compute(model_dirs):
     assert small == pytest.approx(weight_bytes_read(config, 2) / 1e9)  # one token: reading the weights
     large = roofline.step_floor_seconds(config, num_tokens=100_000, num_logits=1, context_tokens=10, itemsize=2)
     assert large == pytest.approx(step_flops(config, 100_000, 1, 10) / 1e12)  # many: the matmuls
+
+
+def _hand_config() -> ModelConfig:
+    return ModelConfig.from_dict(
+        {
+            "hidden_size": 8,
+            "intermediate_size": 12,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "vocab_size": 20,
+            "max_position_embeddings": 64,
+        }
+    )
+
+
+def test_each_operations_flops_and_bytes_are_the_hand_count():
+    # hidden 8, head_dim 4: q 8 wide, k and v 4 each; intermediate 12; 2 layers; vocabulary 20.
+    # A step of 3 new tokens, 2 sampled rows, 3 * 10 keys attended, 10 cached tokens read; 2 bytes.
+    ops = {op.name: op for op in step_operations(_hand_config(), 3, 2, 30, 10, itemsize=2)}
+    assert list(ops) == ["qkv_proj", "attention", "o_proj", "gate_up_proj", "down_proj", "lm_head"]
+    # qkv: [3, 8] @ [8, 16]: 2*3*8*16 = 768 FLOPs a layer; weight 128 + input 24 + output 48 = 200 values.
+    assert (ops["qkv_proj"].flops, ops["qkv_proj"].bytes) == (2 * 768, 2 * 200 * 2)
+    # attention: 4 * 2 heads * 4 * 30 = 960 FLOPs a layer; K/V read 2*4*10 = 80, Q read and O
+    # written 3*8*2 = 48, new K/V written 3*4*2 = 24: 152 values.
+    assert (ops["attention"].flops, ops["attention"].bytes) == (2 * 960, 2 * 152 * 2)
+    # o_proj: [3, 8] @ [8, 8]: 384 FLOPs; 64 + 24 + 24 = 112 values.
+    assert (ops["o_proj"].flops, ops["o_proj"].bytes) == (2 * 384, 2 * 112 * 2)
+    # gate_up: [3, 8] @ [8, 24]: 1152 FLOPs; 192 + 24 + 72 = 288 values.
+    assert (ops["gate_up_proj"].flops, ops["gate_up_proj"].bytes) == (2 * 1152, 2 * 288 * 2)
+    # down: [3, 12] @ [12, 8]: 576 FLOPs; 96 + 36 + 24 = 156 values.
+    assert (ops["down_proj"].flops, ops["down_proj"].bytes) == (2 * 576, 2 * 156 * 2)
+    # LM head, once: [2, 8] @ [8, 20]: 640 FLOPs; 160 + 16 + 40 = 216 values.
+    assert (ops["lm_head"].flops, ops["lm_head"].bytes) == (640, 216 * 2)
+    assert ops["qkv_proj"].intensity == pytest.approx(1536 / 800)
+
+
+def test_decode_is_memory_bound_and_a_long_prefill_is_not():
+    config = _hand_config()
+    decode = {op.name: op for op in step_operations(config, 1, 1, 50, 50, itemsize=2)}
+    prefill = {op.name: op for op in step_operations(config, 4096, 1, 4096 * 2048, 0, itemsize=2)}
+    # One row: about one FLOP per byte of weight read. 4,096 rows: the weight is read once for all.
+    assert decode["gate_up_proj"].intensity < 1.1
+    assert prefill["gate_up_proj"].intensity > 4
+    assert prefill["gate_up_proj"].intensity > 4 * decode["gate_up_proj"].intensity

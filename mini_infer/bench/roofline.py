@@ -42,23 +42,72 @@ class Roofline:
         return max(weight_bytes / self.bandwidth_bytes_per_s, flops / self.peak_flops)
 
 
+@dataclass(frozen=True)
+class Operation:
+    """One operation of a step, summed over the model's layers: its FLOPs and the bytes it moves
+    (weights read, activations read and written, K/V read and written). ``flops / bytes`` is its
+    arithmetic intensity: below the device's ``peak / bandwidth`` it is bound by memory."""
+
+    name: str
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+def step_operations(
+    config: ModelConfig, num_tokens: int, num_logits: int, context_tokens: int, kv_tokens: int, itemsize: int
+) -> list[Operation]:
+    """The matmuls and the attention of a step, each summed over the layers.
+
+    ``num_tokens`` new tokens go through every layer, ``num_logits`` rows through the LM head;
+    ``context_tokens`` is the sum over new tokens of the keys each attends to (its FLOPs), and
+    ``kv_tokens`` the cached tokens whose K and V the step reads, once per sequence and layer (its
+    bytes: a decode row reads its whole context; a prefill chunk reads its context once for all its
+    queries, as a tiled kernel does). Norms, RoPE and the activation are left out: they move
+    ``num_tokens`` rows of activations and compute almost nothing.
+    """
+    h, i, q, kv, layers = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.q_size,
+        config.kv_size,
+        config.num_hidden_layers,
+    )
+
+    def matmul(name: str, rows: int, inputs: int, outputs: int, times: int = layers) -> Operation:
+        # [rows, inputs] @ [inputs, outputs]: read the weight and the input rows, write the output rows.
+        moved = inputs * outputs + rows * (inputs + outputs)
+        return Operation(name, times * 2.0 * rows * inputs * outputs, times * moved * itemsize)
+
+    attention = Operation(
+        "attention",
+        layers * 4.0 * config.num_attention_heads * config.head_dim * context_tokens,  # QK^T and PV
+        # read the cached K/V, read Q, write the output and the new tokens' K/V
+        layers * (2 * kv * kv_tokens + num_tokens * (2 * q + 2 * kv)) * itemsize,
+    )
+    return [
+        matmul("qkv_proj", num_tokens, h, q + 2 * kv),
+        attention,
+        matmul("o_proj", num_tokens, q, h),
+        matmul("gate_up_proj", num_tokens, h, 2 * i),
+        matmul("down_proj", num_tokens, i, h),
+        matmul("lm_head", num_logits, h, config.vocab_size, times=1),
+    ]
+
+
 def weight_bytes_read(config: ModelConfig, itemsize: int) -> int:
-    """Bytes of weights a step reads: every layer, the final norm and the LM head (the
-    embedding table is only indexed, a few rows per token)."""
-    h, i = config.hidden_size, config.intermediate_size
-    per_layer = h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * i
-    return (config.num_hidden_layers * per_layer + config.vocab_size * h) * itemsize
+    """Bytes of weights a step reads: every layer and the LM head (the embedding table is only
+    indexed, a few rows per token; the norms' weights are a few kilobytes)."""
+    return sum(int(op.bytes) for op in step_operations(config, 0, 0, 0, 0, itemsize))
 
 
 def step_flops(config: ModelConfig, num_tokens: int, num_logits: int, context_tokens: int) -> float:
     """Matmul FLOPs of a step: projections and MLP for every new token, the LM head for the
     sampled rows, and attention (QK^T and PV) over ``context_tokens`` summed over new tokens."""
-    h, i = config.hidden_size, config.intermediate_size
-    per_token = (
-        config.num_hidden_layers * 2 * (h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * i)
-    )
-    attention = config.num_hidden_layers * 4 * config.num_attention_heads * config.head_dim * context_tokens
-    return per_token * num_tokens + 2 * config.vocab_size * h * num_logits + attention
+    return sum(op.flops for op in step_operations(config, num_tokens, num_logits, context_tokens, 0, 1))
 
 
 def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
