@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -261,7 +263,7 @@ def draw_timeline(events: Any, path: Path, *, max_steps: int = 3, title: str = "
     kernels = [e for e in events if getattr(e.device_type, "name", "") == "CUDA"]
     if kernels:
         rows.append(("device: kernels", [e for e in kernels if t0 <= e.time_range.start <= t1], lambda e: "#333333"))
-    fig, ax = plt.subplots(figsize=(11, 0.7 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(11, 0.7 * len(rows) + 1.6), layout="constrained")
     for y, (_, chosen, colour) in enumerate(reversed(rows)):
         colours = [colour(e) for e in chosen]
         ax.broken_barh(bars(chosen), (y - 0.35, 0.7), facecolors=colours, edgecolor="white", linewidth=0.6)
@@ -269,8 +271,7 @@ def draw_timeline(events: Any, path: Path, *, max_steps: int = 3, title: str = "
     ax.set_xlabel("time since the first step began (ms)")
     ax.set_title(title or f"{len(steps)} engine steps")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(handles, COLOURS, ncol=len(COLOURS), loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=8)
-    fig.tight_layout()
+    fig.legend(handles, COLOURS, ncol=len(COLOURS), loc="outside lower center", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -290,6 +291,29 @@ class ProfileResult:
         return self.step_ms_profiled / self.step_ms_unprofiled
 
 
+@contextmanager
+def _quiet(prof: Any) -> Iterator[Any]:
+    """``prof`` entered and left with the process's stderr closed: the profiler's C++ side
+    prints a line to it on start and on stop (torch 2.13), noise in a notebook's output."""
+
+    def silently(action: Callable[[], Any]) -> Any:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 2)
+                return action()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+    entered = silently(prof.__enter__)
+    try:
+        yield entered
+    finally:
+        silently(lambda: prof.__exit__(None, None, None))
+
+
 def profile(engine: LLMEngine, workload: Workload, out: Path) -> ProfileResult:
     """Run ``workload`` three times on ``engine``: to warm up, timed without the profiler, and
     profiled with the phases named; write the trace, the timeline and the table to ``out``."""
@@ -304,7 +328,7 @@ def profile(engine: LLMEngine, workload: Workload, out: Path) -> ProfileResult:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     prof = torch_profile(activities=activities)
     with phase_ranges(engine):
-        profiled = workload.run(engine, workload.steps, around=prof)
+        profiled = workload.run(engine, workload.steps, around=_quiet(prof))
     prof.export_chrome_trace(str(out / "trace.json"))
     events = prof.events()
     result = ProfileResult(
