@@ -120,7 +120,9 @@ def test_first_cell_installs_this_version_from_the_website(monkeypatch: pytest.M
     version = mini_infer.__version__
     pip_lines, result = run_first_cell(monkeypatch, kaggle_wheels=[])
     result.raise_error()
-    assert pip_lines == [f'install -q "mini-infer[notebook] @ {site_url()}wheels/mini_infer-{version}-py3-none-any.whl"']
+    assert pip_lines == [
+        f'install -q "mini-infer[notebook] @ {site_url()}wheels/mini_infer-{version}-py3-none-any.whl"'
+    ]
 
 
 @pytest.mark.parametrize(
