@@ -338,10 +338,11 @@ GLUE_PREFIX = "application/papermill.record/"  # MyST-NB's prefix for a glued va
 def glue(name: str, value: Any) -> None:
     """Store ``value`` under ``name`` in this cell's outputs for the book's prose to quote.
 
-    A Markdown cell of the same notebook writes ``{glue:text}`name``` (or ``{glue:text}`name:.2f```
-    for a number) where the value belongs: Jupyter Book renders the value the cell stored, so the
-    sentence and the printed measurement cannot disagree. Nothing is shown in the notebook (the
-    cell prints the number itself). Glue a Python number or a short string; a NumPy or torch scalar
+    A Markdown cell of the same notebook writes the number where it belongs, in a span naming the
+    key, ``<span data-glue="name">1.5</span>`` (``name:.2f`` for a format spec), which Jupyter, Colab,
+    Kaggle and the website all show as text; ``tests/test_glue.py`` fails when the number written
+    is not the value stored, so the sentence and the measurement cannot disagree unnoticed. Nothing
+    is shown in the notebook (the cell prints the number itself). Glue a Python number or a short string; a NumPy or torch scalar
     is turned into a Python number first, because MyST-NB formats the value's ``repr``.
 
     Uses ``myst_nb.glue`` where MyST-NB is installed (the book's build); elsewhere (Colab,
