@@ -7,12 +7,18 @@ contributing page shows it; ``tests/test_notebook_env.py`` checks every notebook
     try:
         import mini_infer
     except ImportError:
-        import glob, os  # Kaggle without internet: the wheels attached as a dataset (book: setup)
-        wheels = glob.glob("/kaggle/input/**/mini_infer-<version>-py3-none-any.whl", recursive=True)
+        import glob, importlib, os  # Kaggle without internet: the wheels dataset attached (book: setup)
+        wheels = [w for depth in range(1, 5) for w in glob.glob("/kaggle/input/" + "*/" * depth + "<wheel>")]
         if wheels:
             %pip install -q --no-index --find-links {os.path.dirname(wheels[0])} "mini-infer[notebook]==<version>"
         else:
-            %pip install -q "mini-infer[notebook] @ <html.baseurl>wheels/mini_infer-<version>-py3-none-any.whl"
+            %pip install -q "mini-infer[notebook] @ <html.baseurl>wheels/<wheel>"
+        importlib.invalidate_caches()
+        try:
+            import mini_infer
+        except ImportError:
+            raise RuntimeError("mini-infer <version> could not be installed from <address>: turn the "
+                               "Internet on ..., or attach the mini-infer-wheels dataset ...") from None
     from mini_infer.notebook_env import setup
     env = setup()
 
@@ -21,7 +27,12 @@ the wheel built from the same commit as its pages (``book/_ext/release_wheel.py`
 made of ``html.baseurl`` in ``_config.yml`` and ``mini_infer.__version__``; never GitHub's moving
 ``main``. On Kaggle with the internet off, a dataset holding that wheel and the wheels of the
 ``notebook`` extra (``scripts/kaggle_wheels.sh``) is found under ``/kaggle/input`` and installed
-without an index. IPython expands ``{...}`` in a ``%pip`` line.
+without an index; the search looks one to four folders deep (a dataset mounts at
+``/kaggle/input/<slug>`` or ``/kaggle/input/datasets/<owner>/<slug>``), never through every file
+of every attached model. When neither route installs it (``%pip`` reports its failure but raises
+nothing), the cell stops with what to do (turn the Internet on, or attach the wheels dataset)
+instead of a bare ``ModuleNotFoundError`` two lines later. IPython expands ``{...}`` in a ``%pip``
+line.
 
 ``setup()`` answers the questions that let one notebook run unchanged on Colab, Kaggle, a laptop
 and CI, and makes the rest of the notebook reproducible:
@@ -82,12 +93,21 @@ FIRST_CELL_TEMPLATE = """\
 try:
     import mini_infer
 except ImportError:
-    import glob, os  # Kaggle without internet: the wheels attached as a dataset (book: setup)
-    wheels = glob.glob("/kaggle/input/**/{wheel}", recursive=True)
+    import glob, importlib, os  # Kaggle without internet: the wheels dataset attached (book: setup)
+    wheels = [w for depth in range(1, 5) for w in glob.glob("/kaggle/input/" + "*/" * depth + "{wheel}")]
     if wheels:
         %pip install -q --no-index --find-links {{os.path.dirname(wheels[0])}} "mini-infer[notebook]=={version}"
     else:
         %pip install -q "mini-infer[notebook] @ {site_url}wheels/{wheel}"
+    importlib.invalidate_caches()  # site-packages was listed before pip wrote to it
+    try:
+        import mini_infer
+    except ImportError:
+        raise RuntimeError(
+            "mini-infer {version} could not be installed from {site_url}wheels/{wheel}: turn the Internet on "
+            "(Kaggle: Settings, Internet on), or attach the mini-infer-wheels dataset (Kaggle: Add Input; how "
+            "to make it: {site_url}book/setup.html#run-chapter-13-on-kaggle), then run this cell again."
+        ) from None
 from mini_infer.notebook_env import setup
 env = setup({arguments})"""
 
@@ -318,10 +338,11 @@ GLUE_PREFIX = "application/papermill.record/"  # MyST-NB's prefix for a glued va
 def glue(name: str, value: Any) -> None:
     """Store ``value`` under ``name`` in this cell's outputs for the book's prose to quote.
 
-    A Markdown cell of the same notebook writes ``{glue:text}`name``` (or ``{glue:text}`name:.2f```
-    for a number) where the value belongs: Jupyter Book renders the value the cell stored, so the
-    sentence and the printed measurement cannot disagree. Nothing is shown in the notebook (the
-    cell prints the number itself). Glue a Python number or a short string; a NumPy or torch scalar
+    A Markdown cell of the same notebook writes the number where it belongs, in a span naming the
+    key, ``<span data-glue="name">1.5</span>`` (``name:.2f`` for a format spec), which Jupyter, Colab,
+    Kaggle and the website all show as text; ``tests/test_glue.py`` fails when the number written
+    is not the value stored, so the sentence and the measurement cannot disagree unnoticed. Nothing
+    is shown in the notebook (the cell prints the number itself). Glue a Python number or a short string; a NumPy or torch scalar
     is turned into a Python number first, because MyST-NB formats the value's ``repr``.
 
     Uses ``myst_nb.glue`` where MyST-NB is installed (the book's build); elsewhere (Colab,

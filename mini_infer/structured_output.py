@@ -47,9 +47,11 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import math
+import re
 import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -70,6 +72,25 @@ if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
 logger = logging.getLogger("mini_infer.structured_output")
+
+# The oldest llguidance this module can use: 1.7.0 is the first whose ``hf.from_tokenizer`` takes a
+# list of end tokens (``eos_token=[...]``, as ``StructuredOutputs.ll_tokenizer`` passes); 1.6.1
+# raises TypeError there, at the first request with a grammar. pyproject.toml's floor is the same.
+LLGUIDANCE_FLOOR = (1, 7, 0)
+
+
+def check_llguidance_version(version: str) -> None:
+    """Refuse an llguidance older than ``LLGUIDANCE_FLOOR``, naming the version found and the fix."""
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    if parts < LLGUIDANCE_FLOOR:
+        floor = ".".join(map(str, LLGUIDANCE_FLOOR))
+        raise ImportError(
+            f"mini-infer needs llguidance>={floor} for structured outputs, found {version} (older releases take one "
+            f"end token, not the list the engine passes): pip install -U 'llguidance>={floor}'"
+        )
+
+
+check_llguidance_version(importlib.metadata.version("llguidance"))
 
 # Compact JSON, as Qwen's chat template writes tool calls: ", " and ": " and no other whitespace.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

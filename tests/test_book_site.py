@@ -9,7 +9,10 @@ gets:
 * every image loaded (a figure that 404s shows as an empty box, which nothing else notices);
 * every formula typeset by MathJax (a page whose MathJax fails shows raw ``\\(`` TeX);
 * the Colab and Kaggle launch links on every chapter, derived from ``repository.url`` in
-  ``_config.yml``, and none on the prose pages;
+  ``_config.yml``, and none on the prose pages; they open the chapter's reader copy in ``reader/``;
+* no hidden test (``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``) on a chapter page, in
+  its ``.ipynb`` download or in the reader copy its links open, while the tests' visible part
+  and the solutions stay (``book/_ext/reader_notebooks.py``; no browser needed);
 * a "Student version" line on every chapter with exercises, whose Colab and Kaggle links open
   ``student/<chapter>.ipynb`` and whose download link is the site's copy of it; that notebook (on
   the site and in the repository, where Colab reads it) shows no solution;
@@ -81,24 +84,36 @@ def is_notebook(page: str) -> bool:
     return (ROOT / f"{page}.ipynb").is_file()
 
 
-def expected_links(page: str) -> tuple[str, str]:
-    """The Colab and Kaggle links of a notebook page, from the one repository URL in _config.yml."""
+def branch() -> str:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return str(config["repository"].get("branch", "main"))
+
+
+def reader_path(page: str) -> str:
+    """``notebooks/00_x`` -> ``reader/00_x.ipynb``: the chapter less its hidden tests, which readers open."""
+    return f"reader/{page.rsplit('/', 1)[-1]}.ipynb"
+
+
+def launch_links(path_in_repo: str) -> tuple[str, str]:
+    """The Colab and Kaggle links that open a notebook of the repository, from _config.yml's repository.url."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     repository = str(config["repository"]["url"]).rstrip("/")
-    branch = config["repository"].get("branch", "main")
     colab = str(config["launch_buttons"]["colab_url"]).rstrip("/")
-    blob = f"{repository}/blob/{branch}/{page}.ipynb"
+    blob = f"{repository}/blob/{branch()}/{path_in_repo}"
     return (
         f"{colab}/github/{blob.removeprefix('https://github.com/')}",
         f"https://kaggle.com/kernels/welcome?src={blob}",
     )
 
 
+def expected_links(page: str) -> tuple[str, str]:
+    """The "Run this chapter" links of a notebook page: its reader copy in ``reader/``."""
+    return launch_links(reader_path(page))
+
+
 def expected_student_links(page: str) -> tuple[str, str]:
-    """The student version's Colab and Kaggle links: the chapter's links, in ``student/``."""
-    colab, kaggle = expected_links(page)
-    student = f"/student/{page.rsplit('/', 1)[-1]}.ipynb"
-    return colab.replace(f"/{page}.ipynb", student), kaggle.replace(f"/{page}.ipynb", student)
+    """The student version's Colab and Kaggle links: ``student/<chapter>.ipynb``."""
+    return launch_links(f"student/{page.rsplit('/', 1)[-1]}.ipynb")
 
 
 def has_exercises(page: str) -> bool:
@@ -295,7 +310,7 @@ def test_chapter_has_student_version_links(visits: dict[str, PageVisit], built_h
     facts = visits[page].facts
     assert "Student version" in facts["studentLineText"], f"{page}: no visible 'Student version' line"
     assert colab in facts["studentLine"] and kaggle in facts["studentLine"], f"{page}: student line {facts}"
-    assert colab not in facts["runLine"], f"{page}: the 'Run this chapter' line must open the instructor notebook"
+    assert colab not in facts["runLine"], f"{page}: the 'Run this chapter' line must open the reader copy"
     site_copy = built_html / "student" / f"{page.rsplit('/', 1)[-1]}.ipynb"
     assert site_copy.as_uri() in facts["studentLine"], f"{page}: no download link to {site_copy}"
 
@@ -387,3 +402,67 @@ def test_links_into_the_website_resolve_in_the_built_site(built_html: Path) -> N
             elif anchor and f'id="{anchor}"' not in target.read_text(encoding="utf-8"):
                 broken.append(f"{page.relative_to(built_html)}: {url} (no id {anchor!r} on {path})")
     assert not broken, "links into the website that do not resolve:\n" + "\n".join(sorted(broken))
+
+
+# --- hidden tests stay hidden (no browser needed) -------------------------------------------------
+
+HIDDEN_REGION = re.compile(r"### BEGIN HIDDEN TESTS[^\n]*\n(.*?)### END HIDDEN TESTS", re.DOTALL)
+TAG = re.compile(r"<[^>]+>")
+
+
+def hidden_tests(page: str) -> list[str]:
+    """The hidden-test regions of a chapter's instructor notebook, each as its lines of code."""
+    cells = nbformat.read(ROOT / f"{page}.ipynb", as_version=4).cells
+    return [region for cell in cells if cell.cell_type == "code" for region in HIDDEN_REGION.findall(cell.source)]
+
+
+def page_text(path: Path) -> str:
+    """What a page shows, near enough: its HTML without tags, entities decoded (code keeps its lines)."""
+    return html_module.unescape(TAG.sub("", path.read_text(encoding="utf-8")))
+
+
+def test_no_chapter_page_or_notebook_of_the_site_holds_a_hidden_test_marker(built_html: Path) -> None:
+    """The markers themselves: on every chapter page and in every notebook the site serves (the
+    prose pages that explain nbgrader's conventions name them, and may)."""
+    served = [built_html / f"{page}.html" for page in CHAPTERS] + sorted(built_html.rglob("*.ipynb"))
+    assert len(served) > 2 * len(CHAPTERS), "the site must serve each chapter's .ipynb download and student version"
+    leaks = [str(path.relative_to(built_html)) for path in served if "HIDDEN TESTS" in path.read_text(encoding="utf-8")]
+    assert not leaks, f"files of the site that print hidden tests: {leaks}"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_page_shows_its_tests_but_not_the_hidden_ones(built_html: Path, page: str) -> None:
+    regions = hidden_tests(page)
+    assert regions, f"{page}: no hidden tests in the instructor notebook, so this test checks nothing"
+    shown = page_text(built_html / f"{page}.html")
+    leaked = [region for region in regions if region.strip() in shown]
+    assert not leaked, f"{page}: the page shows {len(leaked)} hidden-test regions, first:\n{leaked[0]}"
+    # The visible part of a test cell stays: a reader still sees what is checked in the open.
+    cells = nbformat.read(ROOT / f"{page}.ipynb", as_version=4).cells
+    visible = [HIDDEN_REGION.split(c.source)[0].strip() for c in cells if "### BEGIN HIDDEN TESTS" in c.source]
+    assert any(part and part.splitlines()[-1].strip() in shown for part in visible), f"{page}: test cells not shown"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_download_copy_of_a_chapter_has_no_hidden_tests(built_html: Path, page: str) -> None:
+    copy = built_html / "_sources" / f"{page}.ipynb"
+    assert copy.is_file(), f"{page}: the page's .ipynb download {copy} is missing"
+    instructor = nbformat.read(ROOT / f"{page}.ipynb", as_version=4)
+    served = nbformat.read(copy, as_version=4)
+    assert len(served.cells) == len(instructor.cells)
+    assert not any("HIDDEN TESTS" in cell.source for cell in served.cells), f"{page}: {copy} holds hidden tests"
+    solutions = [c.source for c in instructor.cells if "### BEGIN SOLUTION" in c.source]
+    assert all(any(s == c.source for c in served.cells) for s in solutions), f"{page}: solutions must stay"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_launch_links_open_the_reader_copy_without_hidden_tests(built_html: Path, page: str) -> None:
+    colab, kaggle = expected_links(page)
+    path_in_repo = reader_path(page)
+    assert colab.endswith(f"/{path_in_repo}") and kaggle.endswith(f"/{path_in_repo}")
+    page_html = html_module.unescape((built_html / f"{page}.html").read_text(encoding="utf-8"))
+    for link in (colab, kaggle):  # the run line and the launch menu
+        assert page_html.count(f'href="{link}"') >= 2, f"{page}: {link} is not both in the run line and the menu"
+    assert f"/blob/{branch()}/{page}.ipynb" not in page_html, f"{page}: a link opens the instructors' copy"
+    reader = nbformat.read(ROOT / path_in_repo, as_version=4)  # what GitHub serves Colab and Kaggle
+    assert not any("HIDDEN TESTS" in cell.source for cell in reader.cells), f"{path_in_repo} holds hidden tests"

@@ -12,8 +12,11 @@ one child) is checked by the command-line test and by the test that both paths a
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +26,7 @@ import pytest
 
 import mini_infer
 from mini_infer.cli import main
-from mini_infer.course.grade import GradeReport, grade, grade_chapters, graded_file, possible_points
+from mini_infer.course.grade import GradeReport, GradingError, grade, grade_chapters, graded_file, possible_points
 from mini_infer.course.mutants import EQUIVALENT, Mutant, behaviour_changing, mutants, run_mutants, sample
 from mini_infer.course.regions import RegionError, blank, find_regions, package_regions
 from mini_infer.course.student import graded_chapters, write_student_package
@@ -221,3 +224,64 @@ def test_every_mutant_marked_equivalent_is_one_the_mutator_makes():
     sites = {m.site for chapter in CHAPTERS for m in chapter_mutants(chapter)}
     assert set(EQUIVALENT) <= sites, sorted(set(EQUIVALENT) - sites)
     assert all(reason.strip() for reason in EQUIVALENT.values())
+
+
+# --- grading that cannot run refuses to grade ---------------------------------------------------
+
+
+def run_grade_command(args: list[str], pythonpath: list[Path]) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from mini_infer.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [*pythonpath, REPO]))}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_grading_without_pytest_refuses_with_the_reason_and_no_points(tmp_path: Path, student: Path):
+    # A Python whose import of pytest fails, as where mini-infer was installed without the course
+    # extra: the grading child finds this module first on PYTHONPATH.
+    shadow = tmp_path / "no_pytest"
+    shadow.mkdir()
+    (shadow / "pytest.py").write_text("raise ModuleNotFoundError(\"No module named 'pytest'\", name='pytest')\n")
+    for extra in ([], ["--json"]):
+        run = run_grade_command(["course", "grade", "04", "--package", str(student), *extra], [shadow])
+        assert run.returncode == 1, (run.returncode, run.stdout, run.stderr)
+        assert "grading refused: pytest is not installed" in run.stderr and "mini-infer[course]" in run.stderr
+        if extra:  # a gradebook finds no "points" to record, only the reason
+            report = json.loads(run.stdout)
+            assert "points" not in report and "pytest is not installed" in report["error"], report
+        else:
+            assert run.stdout == "", run.stdout  # no "0 / 19 points"
+
+
+def test_a_package_whose_tests_cannot_be_collected_is_not_graded(tmp_path: Path):
+    write_student_package(tmp_path, "04")
+    pool = tmp_path / "mini_infer" / "kv" / "block_pool.py"
+    pool.write_text(pool.read_text() + "\ndef broken(:\n")  # what a student's syntax error looks like
+    with pytest.raises(GradingError, match=r"could not be collected.*test_chapter04\.py.*SyntaxError"):
+        grade(4, tmp_path)
+    run = run_grade_command(["course", "grade", "04", "--package", str(tmp_path), "--json"], [])
+    assert run.returncode == 1 and "points" not in json.loads(run.stdout), run.stdout
+    assert "could not be collected" in run.stderr
+
+
+def test_the_course_extra_brings_what_grading_imports():
+    """``pip install 'mini-infer[course]'`` is what GradingError's message names: it must bring
+    pytest, and every third-party module the graded tests (and the server they drive) import."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=\[; ]", r, maxsplit=1)[0].lower().replace("-", "_") for r in requirements}
+
+    base = names(project["dependencies"])
+    course, server = (names(project["optional-dependencies"][extra]) for extra in ("course", "server"))
+    assert "pytest" in course and server <= course, (course, server)
+    imported = set()
+    for file in (PACKAGE / "course" / "graded").glob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    local = {"mini_infer", "graded_attention", "graded_fake_engine", "__future__"}
+    third_party = {m for m in imported - local if m not in sys.stdlib_module_names}
+    assert third_party and third_party <= base | course, third_party - base - course

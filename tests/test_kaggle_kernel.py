@@ -20,8 +20,10 @@ def slugify(title: str) -> str:
 
 
 def test_the_kernel_is_the_chapter_13_notebook_of_the_book() -> None:
+    # The reader copy (reader/, the chapter less its hidden tests): what the website's links open too.
     notebook = (FOLDER / METADATA["code_file"]).resolve()
-    assert notebook == ROOT / "notebooks" / "13_kaggle_t4.ipynb" and notebook.is_file()
+    assert notebook == ROOT / "reader" / "13_kaggle_t4.ipynb" and notebook.is_file()
+    assert "HIDDEN TESTS" not in notebook.read_text()
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = [chapter["file"] for part in toc["parts"] for chapter in part["chapters"]]
     assert "notebooks/13_kaggle_t4" in files

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -70,9 +71,13 @@ def test_site_url_is_an_absolute_https_folder() -> None:
     assert re.fullmatch(r"https://[^\s/]+/(\S+/)?", site_url()), "html.baseurl must be https://host/path/"
 
 
-def run_first_cell(monkeypatch: pytest.MonkeyPatch, kaggle_wheels: list[str]) -> list[str]:
+def run_first_cell(
+    monkeypatch: pytest.MonkeyPatch, kaggle_wheels: list[str], pip_installs: bool = True
+) -> tuple[list[str], Any]:
     """Runs the canonical first cell in IPython as a fresh Colab/Kaggle runtime would (mini_infer
-    not importable), with glob answering ``kaggle_wheels`` and %pip recorded; returns the %pip lines."""
+    not importable until ``%pip`` installs it, and never when ``pip_installs`` is False: no
+    internet, no dataset), with glob answering ``kaggle_wheels`` for the pattern that names the
+    wheel's folder depth; returns the %pip lines and the cell's result."""
     import builtins
     import glob
 
@@ -84,12 +89,18 @@ def run_first_cell(monkeypatch: pytest.MonkeyPatch, kaggle_wheels: list[str]) ->
     real_import = builtins.__import__
 
     def refuse_mini_infer(name: str, *args: object, **kwargs: object) -> object:
-        if name == "mini_infer" or name.startswith("mini_infer."):
-            raise ImportError(f"No module named {name!r}")
+        if (name == "mini_infer" or name.startswith("mini_infer.")) and not (pip_installs and pip_lines):
+            raise ModuleNotFoundError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
 
-    seen_patterns: list[str] = []
-    monkeypatch.setattr(glob, "glob", lambda pattern, recursive=False: seen_patterns.append(pattern) or kaggle_wheels)
+    seen: list[tuple[str, bool]] = []
+
+    def fake_glob(pattern: str, recursive: bool = False) -> list[str]:
+        seen.append((pattern, recursive))
+        depth = pattern.removeprefix("/kaggle/input/").count("/")
+        return [w for w in kaggle_wheels if w.removeprefix("/kaggle/input/").count("/") == depth]
+
+    monkeypatch.setattr(glob, "glob", fake_glob)
     monkeypatch.setattr(builtins, "__import__", refuse_mini_infer)
     cell = canonical_first_cell().split("from mini_infer.notebook_env import setup")[0]  # up to the install
     try:
@@ -97,24 +108,49 @@ def run_first_cell(monkeypatch: pytest.MonkeyPatch, kaggle_wheels: list[str]) ->
     finally:
         monkeypatch.setattr(builtins, "__import__", real_import)
         InteractiveShell.clear_instance()
-    result.raise_error()
-    assert seen_patterns == [f"/kaggle/input/**/{release_wheel_name(mini_infer.__version__)}"]
-    return pip_lines
+    # The search under /kaggle/input is bounded: a few folder depths, never a recursive walk of
+    # every attached dataset and model.
+    wheel = release_wheel_name(mini_infer.__version__)
+    assert seen and all(not recursive and "**" not in pattern for pattern, recursive in seen), seen
+    assert all(p.startswith("/kaggle/input/") and p.endswith("/" + wheel) and p.count("/") <= 8 for p, _ in seen)
+    return pip_lines, result
 
 
 def test_first_cell_installs_this_version_from_the_website(monkeypatch: pytest.MonkeyPatch) -> None:
     version = mini_infer.__version__
-    assert run_first_cell(monkeypatch, kaggle_wheels=[]) == [
+    pip_lines, result = run_first_cell(monkeypatch, kaggle_wheels=[])
+    result.raise_error()
+    assert pip_lines == [
         f'install -q "mini-infer[notebook] @ {site_url()}wheels/mini_infer-{version}-py3-none-any.whl"'
     ]
 
 
-def test_first_cell_installs_the_attached_kaggle_wheels_without_an_index(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "folder",
+    ["/kaggle/input/mini-infer-wheels", "/kaggle/input/datasets/someone/mini-infer-wheels"],
+)
+def test_first_cell_installs_the_attached_kaggle_wheels_without_an_index(
+    monkeypatch: pytest.MonkeyPatch, folder: str
+) -> None:
     version = mini_infer.__version__
-    wheel = f"/kaggle/input/datasets/someone/mini-infer-wheels/mini_infer-{version}-py3-none-any.whl"
-    assert run_first_cell(monkeypatch, kaggle_wheels=[wheel]) == [
-        f'install -q --no-index --find-links /kaggle/input/datasets/someone/mini-infer-wheels "mini-infer[notebook]=={version}"'
-    ]
+    wheel = f"{folder}/mini_infer-{version}-py3-none-any.whl"
+    pip_lines, result = run_first_cell(monkeypatch, kaggle_wheels=[wheel])
+    result.raise_error()
+    assert pip_lines == [f'install -q --no-index --find-links {folder} "mini-infer[notebook]=={version}"']
+
+
+def test_first_cell_tells_the_reader_what_to_do_when_the_wheel_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Kaggle with the internet off and no dataset attached: %pip fails and installs nothing.
+    pip_lines, result = run_first_cell(monkeypatch, kaggle_wheels=[], pip_installs=False)
+    assert len(pip_lines) == 1
+    error = result.error_in_exec
+    assert error is not None and not isinstance(error, ImportError), repr(error)  # not a bare ModuleNotFoundError
+    message = str(error)
+    assert "Internet" in message and "mini-infer-wheels" in message and "Add Input" in message, message
+    assert f"{site_url()}wheels/{release_wheel_name(mini_infer.__version__)}" in message
+    assert f"{site_url()}book/setup.html#run-chapter-13-on-kaggle" in message
 
 
 def test_contributing_guide_shows_the_canonical_cell() -> None:

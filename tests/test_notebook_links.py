@@ -102,7 +102,7 @@ def test_notebook_links_work_on_colab_kaggle_and_the_website(path: Path) -> None
 def test_readme_badges_open_the_site_and_chapter_0_from_the_configured_places() -> None:
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
     repository = str(config["repository"]["url"]).rstrip("/")
-    blob = f"{repository}/blob/{config['repository'].get('branch', 'main')}/notebooks/00_welcome.ipynb"
+    blob = f"{repository}/blob/{config['repository'].get('branch', 'main')}/reader/00_welcome.ipynb"  # no hidden tests
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     links = set(re.findall(r"\]\(([^)\s]+)\)", readme))  # badges nest an image in a link
     assert site_url() in links, "README: the website badge must link html.baseurl"
@@ -111,3 +111,43 @@ def test_readme_badges_open_the_site_and_chapter_0_from_the_configured_places() 
     for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", readme):
         if not image.startswith("http"):
             assert (ROOT / image).is_file(), f"README shows {image}, which does not exist"
+
+
+# --- reader/: the chapters less their hidden tests, which Colab and Kaggle open ---------------------
+
+
+def reader_tools() -> tuple[object, object]:
+    import importlib
+    import sys
+
+    for folder in (ROOT / "book" / "_ext", ROOT / "scripts"):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    return importlib.import_module("reader_notebooks"), importlib.import_module("make_reader_versions")
+
+
+def test_hidden_test_regions_are_removed_whole_lines_and_unclosed_ones_refused() -> None:
+    reader_notebooks, _ = reader_tools()
+    strip = reader_notebooks.strip_hidden_tests  # type: ignore[attr-defined]
+    cell = "assert f(1) == 2\n### BEGIN HIDDEN TESTS\nassert f(3) == 4\n### END HIDDEN TESTS\nprint('ok')"
+    assert strip(cell) == "assert f(1) == 2\nprint('ok')"
+    assert strip("a = 1\n    ### BEGIN HIDDEN TESTS\n    b = 2\n    ### END HIDDEN TESTS") == "a = 1"
+    two = "x\n### BEGIN HIDDEN TESTS\ny\n### END HIDDEN TESTS\nz\n### BEGIN HIDDEN TESTS\nw\n### END HIDDEN TESTS\n"
+    assert strip(two) == "x\nz\n"
+    with pytest.raises(ValueError, match="not closed"):
+        strip("a\n### BEGIN HIDDEN TESTS\nb\n")
+
+
+def test_reader_copies_are_the_chapters_less_their_hidden_tests() -> None:
+    """``reader/`` is current (``python scripts/make_reader_versions.py`` writes it) and carries the
+    chapters' solutions and outputs but none of their hidden tests."""
+    _, make_reader_versions = reader_tools()
+    assert not make_reader_versions.stale_copies(ROOT), make_reader_versions.stale_copies(ROOT)  # type: ignore[attr-defined]
+    for path in NOTEBOOKS:
+        instructor = nbformat.read(path, as_version=4)
+        reader = nbformat.read(ROOT / "reader" / path.name, as_version=4)
+        assert [c.cell_type for c in reader.cells] == [c.cell_type for c in instructor.cells], path.name
+        assert not any("HIDDEN TESTS" in c.source for c in reader.cells), path.name
+        for mine, theirs in zip(instructor.cells, reader.cells):
+            if "HIDDEN TESTS" not in mine.source:
+                assert mine == theirs, f"{path.name}: cell {mine.get('id')} differs from the chapter's"

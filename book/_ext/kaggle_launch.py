@@ -13,6 +13,10 @@ to the theme as ``html_theme_options``. Nothing is pasted into a notebook. Two p
 * a "Run this chapter" line under the title of every ``.ipynb`` page, with Colab and Kaggle links,
   so the way to run a chapter is visible without opening a menu.
 
+Both open the chapter's reader copy, ``reader/<chapter>.ipynb`` (``reader_notebooks.py``): the
+chapter less its hidden tests. The theme's own Colab entry, which would open ``notebooks/`` (the
+instructors' copy), is pointed there too.
+
 Only ``.ipynb`` pages get links: Colab and Kaggle open notebooks, not Markdown pages.
 """
 
@@ -91,11 +95,13 @@ def warn_not_github() -> None:
 
 
 def _links(app: Sphinx, docname: str) -> tuple[str | None, str] | None:
-    """(colab url or None, kaggle url) for a notebook page, None for any other page."""
+    """(colab url or None, kaggle url) of a notebook page's reader copy, None for any other page."""
+    from reader_notebooks import reader_path_in_repo
+
     path = notebook_path_in_repo(app, docname)
     if path is None:
         return None
-    links = launch_urls(theme_options(app), path)
+    links = launch_urls(theme_options(app), reader_path_in_repo(path))
     if links is None:
         warn_not_github()
     return links
@@ -141,13 +147,14 @@ def add_run_line(app: Sphinx, doctree: nodes.document, docname: str) -> None:
 
 
 def add_launch_menu_entry(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
-    """Append Kaggle to the theme's launch menu (sphinx-book-theme builds it at priority 501)."""
+    """Append Kaggle to the theme's launch menu (sphinx-book-theme builds it at priority 501), and
+    point the theme's Colab entry at the reader copy."""
     if pagename not in app.env.all_docs:
         return
     links = _links(app, pagename)
     if links is None:
         return
-    _, kaggle = links
+    colab, kaggle = links
     buttons = context.setdefault("header_buttons", [])
     group = next((b for b in buttons if b.get("label") == "launch-buttons"), None)
     if group is None:
@@ -159,6 +166,9 @@ def add_launch_menu_entry(app: Sphinx, pagename: str, templatename: str, context
             "label": "launch-buttons",
         }
         buttons.append(group)
+    for button in group["buttons"]:
+        if button.get("text") == "Colab" and colab:
+            button["url"] = colab
     group["buttons"].append(
         {
             "type": "link",
@@ -176,6 +186,7 @@ def _add_static_path(app: Sphinx, config: Any) -> None:
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.setup_extension("reader_notebooks")
     app.connect("config-inited", _add_static_path)
     app.add_css_file("kaggle_launch.css")
     app.connect("doctree-resolved", add_run_line)

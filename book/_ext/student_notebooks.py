@@ -1,9 +1,9 @@
 """Student versions of the chapters, published with the website, with their own Colab and Kaggle links.
 
-A chapter page's "Run this chapter" links (``kaggle_launch.py``) open the instructor notebook,
-solutions included. Under them this extension adds a "Student version" line whose Colab and
-Kaggle links open ``student/<chapter>.ipynb`` on GitHub instead: the same chapter as
-``nbgrader generate_assignment`` releases it (solutions replaced by ``raise
+A chapter page's "Run this chapter" links (``kaggle_launch.py``) open the chapter's reader copy,
+solutions included (hidden tests left out: ``reader_notebooks.py``). Under them this extension
+adds a "Student version" line whose Colab and Kaggle links open ``student/<chapter>.ipynb`` on
+GitHub instead: the same chapter as ``nbgrader generate_assignment`` releases it (solutions replaced by ``raise
 NotImplementedError()``, hidden tests removed, outputs cleared), so a student sent there never
 sees a solution. Colab and Kaggle open notebooks from GitHub paths and the website is deployed
 without a branch, hence ``student/`` is committed; ``scripts/make_student_versions.py`` writes it.

@@ -2,6 +2,7 @@
 
 mini-infer course student OUT [--chapters 04-06]   write OUT/mini_infer with regions blanked
 mini-infer course grade 04 --package DIR [--json]  grade DIR/mini_infer on chapter 04's tests
+                                                   (exit 1, no points, when the tests cannot run)
 mini-infer course regions                          list every assignment region
 mini-infer course mutants 04 [--sample N] [--json] mutation score of chapter 04's graded tests
 """
@@ -24,9 +25,19 @@ def _student(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from mini_infer.course.grade import grade, parse_chapter
+    import sys
 
-    report = grade(parse_chapter(args.chapter), Path(args.package), timeout=args.timeout)
+    from mini_infer.course.grade import GradingError, grade, parse_chapter
+
+    chapter = parse_chapter(args.chapter)
+    try:
+        report = grade(chapter, Path(args.package), timeout=args.timeout)
+    except GradingError as exc:
+        # No grade at all, not 0 points: the JSON has no "points" for a gradebook to record.
+        if args.json:
+            print(json.dumps({"chapter": chapter, "package": str(Path(args.package).resolve()), "error": str(exc)}))
+        print(f"mini-infer: grading refused: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(report.to_json(), indent=2) if args.json else report.format())
     return 0
 

@@ -10,8 +10,14 @@ run over their files, torch imported once: what CI does for every chapter) and s
 per-test results by file into one report per chapter, the same reports ``grade`` gives.
 
 Each graded test carries ``@pytest.mark.points(n)``; a test earns its points when it passes.
-The possible total is read from the test file's source (``possible_points``), not from the run,
-so a package that does not even import still gets ``0 / total``.
+The possible total is read from the test file's source (``possible_points``), not from the run.
+
+Grading that cannot run refuses to grade: when the child's pytest is missing (install the
+``course`` extra), when a test file cannot be collected (a package that does not import, a
+missing dependency of the tests), or when the run ends without its results, ``grade_chapters``
+raises :class:`GradingError` with the reason and gives no points at all, rather than a ``0 /
+total`` a gradebook would record as the student's. A test that runs and fails earns 0; a run that
+passes its time limit keeps the points of the tests that finished (the rest are ``did not run``).
 """
 
 from __future__ import annotations
@@ -25,21 +31,32 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 GRADED = Path(__file__).parent / "graded"
 # What several chapters' tests share, copied beside them.
 HELPERS = ("graded_attention.py", "graded_fake_engine.py")
 
-# The child's conftest: refuses to run against any other package, records each test's outcome.
+INSTALL_HINT = "pip install 'mini-infer[course]'"
+
+
+class GradingError(RuntimeError):
+    """The graded tests could not run (no pytest, a file that cannot be collected): no grade."""
+
+
+# The child's conftest: refuses to run against any other package, records each test's outcome
+# and every collection error.
 CHILD_CONFTEST = """
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 EXPECTED = Path(os.environ["MINI_INFER_GRADE_PACKAGE"]).resolve() / "mini_infer"
 RESULTS = []
+COLLECT_ERRORS = []
 
 
 def pytest_configure(config):
@@ -69,8 +86,17 @@ def pytest_runtest_makereport(item, call):
             entry["message"] = text.strip().splitlines()[-1][:300] if text.strip() else ""
 
 
+def pytest_collectreport(report):
+    if report.failed:
+        text = str(report.longrepr).strip() if report.longrepr else ""
+        lines = [line for line in text.splitlines() if line.strip()]
+        COLLECT_ERRORS.append({"where": report.nodeid or ".", "message": lines[-1][:300] if lines else ""})
+
+
 def pytest_sessionfinish(session, exitstatus):
-    Path(os.environ["MINI_INFER_GRADE_RESULTS"]).write_text(json.dumps(RESULTS))
+    Path(os.environ["MINI_INFER_GRADE_RESULTS"]).write_text(
+        json.dumps({"results": RESULTS, "collect_errors": COLLECT_ERRORS})
+    )
 """
 
 
@@ -216,7 +242,9 @@ def grade_chapters(chapters: list[int], package_dir: Path, timeout: float = 600.
             error = f"the tests ran past {timeout:.0f} s (an endless loop?)"
             run = None
         results = work / "results.json"
-        entries = json.loads(results.read_text()) if run is not None and results.exists() else []
+        entries: list[dict[str, Any]] = []
+        if run is not None:
+            entries = read_results(results, run, package_dir)
         for chapter, file in zip(chapters, files):
             report = reports[chapter]
             report.tests = [
@@ -224,8 +252,8 @@ def grade_chapters(chapters: list[int], package_dir: Path, timeout: float = 600.
             ]
             report.error = error
             if run is not None and not report.tests:
-                tail = (run.stdout + run.stderr).strip().splitlines()[-5:]
-                report.error = "no test ran: " + " | ".join(tail)
+                tail = " | ".join((run.stdout + run.stderr).strip().splitlines()[-5:])
+                raise GradingError(f"no test of {file.name} ran, so no points are given: {tail}")
     for chapter, report in reports.items():
         expected = possible_points(graded_file(chapter).read_text())
         seen = {t.name.split("[")[0] for t in report.tests}
@@ -233,3 +261,25 @@ def grade_chapters(chapters: list[int], package_dir: Path, timeout: float = 600.
             TestResult(name, points, "error", "did not run") for name, points in expected.items() if name not in seen
         ]
     return reports
+
+
+def read_results(results: Path, run: subprocess.CompletedProcess[str], package_dir: Path) -> list[dict[str, Any]]:
+    """The per-test entries the child's conftest wrote; :class:`GradingError` when the run could
+    not grade (pytest missing, a collection error, no results)."""
+    output = (run.stdout + run.stderr).strip()
+    tail = " | ".join(output.splitlines()[-5:])
+    if not results.exists():
+        if "No module named" in output and "pytest" in output:
+            raise GradingError(
+                f"pytest is not installed for {sys.executable}, so the graded tests cannot run and no points are "
+                f"given: {INSTALL_HINT}"
+            )
+        raise GradingError(f"the graded tests did not run (pytest exited with {run.returncode}): {tail}")
+    found = json.loads(results.read_text())
+    if found["collect_errors"]:
+        where = "; ".join(f"{e['where']}: {e['message']}" for e in found["collect_errors"])
+        raise GradingError(
+            f"the graded tests could not be collected against {package_dir}/mini_infer, so no points are given "
+            f"(a package that does not import, or a dependency of the tests missing: {INSTALL_HINT}): {where}"
+        )
+    return list(found["results"])
