@@ -19,7 +19,13 @@ chunks come in every length and are long enough that launches do not matter. So:
   (never inside a layer);
 * a graph is recorded the first time its shape is needed, and before it serves, its replay is
   checked against the same step run eagerly: a graph that does not reproduce it is never used
-  (a warning says so, and that shape runs eagerly from then on).
+  (a warning says so, and that shape runs eagerly from then on). The output is filled with NaN
+  before that replay, so a graph that recorded nothing (its kernels ran eagerly during capture,
+  leaving the right values behind) fails the check instead of serving stale logits;
+* everything happens on the model's device, not the current one: the side stream of the warm-up,
+  the capture stream and the graph are made under ``torch.cuda.device(model.device)``. An engine
+  on ``cuda:1`` would otherwise capture on ``cuda:0``'s stream while its kernels ran eagerly on
+  ``cuda:1``: an empty graph.
 
 On a CPU nothing is recorded (``capture=False``): the same padded, static step runs eagerly,
 which is how the tests check it against the unpadded step.
@@ -153,24 +159,28 @@ class DecodeGraphs:
         return self.steps[key]
 
     def _record(self, key: tuple[int, int, int]) -> Callable[[], torch.Tensor]:
-        """Record the step of this shape, then check its replay against the eager step on the
-        batch already in the buffers; a graph that differs never serves."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            expected = self._forward(key).clone()  # also warms up every kernel before recording
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
+        """Record the step of this shape on the model's device, then check its replay (into an
+        output filled with NaN) against the eager step on the batch already in the buffers; a
+        graph that differs never serves."""
+        device = self.model.device
         problem = "did not reproduce the eager step"
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                output = self._forward(key)
-            graph.replay()
-            same = torch.equal(output.argmax(-1), expected.argmax(-1))
-            if same and torch.allclose(output, expected, rtol=1e-3, atol=1e-3):
-                problem = ""
-        except RuntimeError as error:  # a kernel that cannot be recorded: serve eagerly, never fail
-            problem = f"could not be recorded ({error})"
+        with torch.cuda.device(device):
+            stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                expected = self._forward(key).clone()  # also warms up every kernel before recording
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.Stream(device=device)):
+                    output = self._forward(key)
+                output.fill_(float("nan"))  # what the eager kernels of an empty capture left is gone
+                graph.replay()
+                same = torch.equal(output.argmax(-1), expected.argmax(-1))
+                if same and torch.allclose(output, expected, rtol=1e-3, atol=1e-3):
+                    problem = ""
+            except RuntimeError as error:  # a kernel that cannot be recorded: serve eagerly, never fail
+                problem = f"could not be recorded ({error})"
         if problem:
             warnings.warn(
                 f"the CUDA graph of decode steps of shape (tokens per sequence, batch, blocks) = {key} {problem}; "
