@@ -12,6 +12,7 @@ from mini_infer import LLM, SamplingParams
 from mini_infer.layers import projection_scale, residual_dtype
 from mini_infer.model import FullAttention, Qwen2Model
 from mini_infer.offline_models import add_massive_activations, write_random_model
+from tests.conftest import TEST_DEVICE
 from tests.engine_checks import transformers_greedy
 
 PROMPTS = [[5, 17, 230, 4], [88, 3, 41, 41, 9, 300, 12], [7] * 20, list(range(100, 160))]
@@ -35,10 +36,10 @@ def test_the_model_really_overflows_float16(massive):
         hidden = hf(torch.tensor([PROMPTS[0]]), output_hidden_states=True).hidden_states
     residual_before_the_final_norm = hidden[-2] + 40000.0  # the last layer adds its 40,000 after this
     assert residual_before_the_final_norm.abs().max() > torch.finfo(torch.float16).max
-    without = Qwen2Model.from_pretrained(massive, torch.float16, show_progress=False)
+    without = Qwen2Model.from_pretrained(massive, torch.float16, TEST_DEVICE, show_progress=False)
     without.residual_dtype = torch.float16  # no policy: a float16 residual stream
-    ids = torch.tensor(PROMPTS[0])
-    logits = without.compute_logits(without.forward(ids, torch.arange(len(ids)), FullAttention()))
+    ids = torch.tensor(PROMPTS[0], device=TEST_DEVICE)
+    logits = without.compute_logits(without.forward(ids, torch.arange(len(ids), device=TEST_DEVICE), FullAttention()))
     assert not torch.isfinite(logits).all()
 
 
@@ -46,11 +47,12 @@ def test_the_model_really_overflows_float16(massive):
 def test_half_precision_logits_stay_finite_and_close_to_float32(massive, dtype, tolerance):
     """bfloat16 has float32's range (its residual stays bfloat16) but only 8 bits of mantissa:
     close, within a coarser tolerance."""
-    half_model = Qwen2Model.from_pretrained(massive, dtype, show_progress=False)
-    ours32 = Qwen2Model.from_pretrained(massive, torch.float32, show_progress=False)
+    half_model = Qwen2Model.from_pretrained(massive, dtype, TEST_DEVICE, show_progress=False)
+    ours32 = Qwen2Model.from_pretrained(massive, torch.float32, show_progress=False)  # the reference, on the CPU
     for prompt in PROMPTS:
         ids, positions = torch.tensor(prompt), torch.arange(len(prompt))
-        half = half_model.compute_logits(half_model.forward(ids, positions, FullAttention()))
+        on_device = half_model.forward(ids.to(TEST_DEVICE), positions.to(TEST_DEVICE), FullAttention())
+        half = half_model.compute_logits(on_device).cpu()
         full = ours32.compute_logits(ours32.forward(ids, positions, FullAttention()))
         assert torch.isfinite(half).all()
         scale = full.abs().max()
@@ -118,12 +120,11 @@ def test_a_single_down_proj_output_overflows_float16_and_the_policy_survives_it(
     assert outputs["o_proj"].abs().max() < fp16_max
 
     # Without the scaled projections (float32 residual only), the float16 model is not finite.
-    without = Qwen2Model.from_pretrained(one_layer, torch.float16, show_progress=False)
+    without = Qwen2Model.from_pretrained(one_layer, torch.float16, TEST_DEVICE, show_progress=False)
     without.projection_scale = 1.0
-    ids = torch.tensor(PROMPTS[1])
-    assert not torch.isfinite(
-        without.compute_logits(without.forward(ids, torch.arange(len(ids)), FullAttention()))
-    ).all()
+    ids = torch.tensor(PROMPTS[1], device=TEST_DEVICE)
+    positions = torch.arange(len(ids), device=TEST_DEVICE)
+    assert not torch.isfinite(without.compute_logits(without.forward(ids, positions, FullAttention()))).all()
 
     # With them, the float16 engine decodes as Hugging Face does in float32.
     expected = transformers_greedy(one_layer, PROMPTS, 16)
