@@ -242,3 +242,25 @@ def test_cuda_graphs_replay_the_eager_decode_steps(case):
         assert graphs.steps and not graphs.eager_only  # every recorded graph reproduced its eager step
     eager = LLM(str(target), dtype="float32", device="cuda", num_kv_blocks=256, enforce_eager=True, show_progress=False)
     assert eager.engine.runner.static_decode is None
+
+
+def test_logits_are_computed_outside_the_static_step_for_the_real_rows_only(case):
+    """Three sequences padded to four: the graph's output is the hidden states of all four rows,
+    and the LM head runs on three rows, after the step (in the graph it held a [rows, vocab]
+    buffer per captured shape)."""
+    target, _, prompts, expected = case
+    llm = LLM(str(target), dtype="float32", num_kv_blocks=64, max_num_seqs=8, show_progress=False)
+    (graphs,) = static_steps(llm)
+    model = llm.engine.runner.model
+    rows_seen, original = [], model.compute_logits
+
+    def counting(hidden, dtype=torch.float32):
+        rows_seen.append(hidden.shape[0])
+        return original(hidden, dtype)
+
+    model.compute_logits = counting
+    outputs = llm.generate(prompts[:3], GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == expected[:3]
+    assert graphs.served > 0 and {size for _, size, _ in graphs.steps} == {4}
+    assert graphs._forward((1, 4, 2)).shape == (4, model.config.hidden_size)  # the step ends at the norm
+    assert 4 not in rows_seen and 3 in rows_seen  # never the padding row's logits
