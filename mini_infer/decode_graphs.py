@@ -13,13 +13,24 @@ chunks come in every length and are long enough that launches do not matter. So:
 * its ``B`` sequences are padded to the next *captured batch size* (1, 2, 4, 8, then steps of 16
   up to ``max_num_seqs``, as nano-vllm does) and its block tables to the next power-of-two width,
   so a handful of graphs serve every step. Padding rows write their K/V into the cache's null
-  block and attend only to it: they touch no sequence's data, and their logits are dropped;
+  block and attend only to it: they touch no sequence's data;
+* a graph ends at the final norm: its output is the hidden states of the padded step
+  (``[B_padded * Q, hidden]``), and the logits are computed after the replay, eagerly, for the
+  real rows only. Inside the graph they would be a ``[B_padded * Q, vocab]`` buffer per graph,
+  held by the graph pool for as long as the engine lives (151,936 numbers a row for Qwen2.5:
+  hundreds of MB over the captured sizes);
 * attention of the padded step is one bucket of the paged attention of this chapter, whose gather
   rows and mask are computed from the static buffers at the start of the step, inside the graph
   (never inside a layer);
 * a graph is recorded the first time its shape is needed, and before it serves, its replay is
   checked against the same step run eagerly: a graph that does not reproduce it is never used
-  (a warning says so, and that shape runs eagerly from then on).
+  (a warning says so, and that shape runs eagerly from then on). The output is filled with NaN
+  before that replay, so a graph that recorded nothing (its kernels ran eagerly during capture,
+  leaving the right values behind) fails the check instead of serving stale logits;
+* everything happens on the model's device, not the current one: the side stream of the warm-up,
+  the capture stream and the graph are made under ``torch.cuda.device(model.device)``. An engine
+  on ``cuda:1`` would otherwise capture on ``cuda:0``'s stream while its kernels ran eagerly on
+  ``cuda:1``: an empty graph.
 
 On a CPU nothing is recorded (``capture=False``): the same padded, static step runs eagerly,
 which is how the tests check it against the unpadded step.
@@ -108,8 +119,9 @@ class DecodeGraphs:
             return None
         self._load(batch, rows, size, q)
         key = (q, size, width)
-        logits = self._step(key)()
-        return logits.index_select(0, batch.logits_indices)
+        hidden = self._step(key)()
+        # Outside the graph, and for the real rows only (see the module docstring).
+        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)
 
     def _load(self, batch: ForwardBatch, rows: int, size: int, q: int) -> None:
         """Copy the batch into the static buffers; rows past it become padding: token 0 at
@@ -131,7 +143,8 @@ class DecodeGraphs:
         self.slot_mapping[tokens:padded].copy_((null * self.cache.block_size + offsets).repeat(size - rows))
 
     def _forward(self, key: tuple[int, int, int]) -> torch.Tensor:
-        """The padded static step on the static buffers: every address is the same at each call."""
+        """The padded static step on the static buffers, up to the final norm: its hidden states,
+        ``[size * q, hidden]``. Every address is the same at each call."""
         q, size, width = key
         tokens = size * q
         meta = static_metadata(
@@ -142,8 +155,7 @@ class DecodeGraphs:
             self.cache,
             self.model.shard.num_attention_heads,
         )
-        hidden = self.model.forward(self.input_ids[:tokens], self.positions[:tokens], PagedAttention(self.cache, meta))
-        return self.model.compute_logits(hidden, dtype=self.model.dtype)
+        return self.model.forward(self.input_ids[:tokens], self.positions[:tokens], PagedAttention(self.cache, meta))
 
     def _step(self, key: tuple[int, int, int]) -> Callable[[], torch.Tensor]:
         if key not in self.steps:
@@ -153,24 +165,29 @@ class DecodeGraphs:
         return self.steps[key]
 
     def _record(self, key: tuple[int, int, int]) -> Callable[[], torch.Tensor]:
-        """Record the step of this shape, then check its replay against the eager step on the
-        batch already in the buffers; a graph that differs never serves."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            expected = self._forward(key).clone()  # also warms up every kernel before recording
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
+        """Record the step of this shape on the model's device, then check its replay (into an
+        output filled with NaN) against the eager step on the batch already in the buffers, by
+        the logits of every row (computed outside the graph); a graph that differs never serves."""
+        device = self.model.device
         problem = "did not reproduce the eager step"
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                output = self._forward(key)
-            graph.replay()
-            same = torch.equal(output.argmax(-1), expected.argmax(-1))
-            if same and torch.allclose(output, expected, rtol=1e-3, atol=1e-3):
-                problem = ""
-        except RuntimeError as error:  # a kernel that cannot be recorded: serve eagerly, never fail
-            problem = f"could not be recorded ({error})"
+        with torch.cuda.device(device):
+            stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                expected = self._forward(key).clone()  # also warms up every kernel before recording
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.Stream(device=device)):
+                    output = self._forward(key)
+                output.fill_(float("nan"))  # what the eager kernels of an empty capture left is gone
+                graph.replay()
+                got, want = (self.model.compute_logits(h, dtype=self.model.dtype) for h in (output, expected))
+                same = torch.equal(got.argmax(-1), want.argmax(-1))
+                if same and torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+                    problem = ""
+            except RuntimeError as error:  # a kernel that cannot be recorded: serve eagerly, never fail
+                problem = f"could not be recorded ({error})"
         if problem:
             warnings.warn(
                 f"the CUDA graph of decode steps of shape (tokens per sequence, batch, blocks) = {key} {problem}; "

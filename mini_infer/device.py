@@ -2,8 +2,14 @@
 
 ``device="auto"``: the device named by the environment variable ``MINI_INFER_DEVICE`` when it is
 set (``cpu`` keeps a GPU machine on the CPU without changing code; the test suite runs on the
-device ``MINI_INFER_TEST_DEVICE`` names this way), else CUDA when present, then Apple's MPS, else
-the CPU.
+device ``MINI_INFER_TEST_DEVICE`` names this way), else CUDA when present *and this torch has
+kernels for the card*, then Apple's MPS, else the CPU. A CUDA build of PyTorch ships machine code
+(``sm_XY``) for a list of architectures and sometimes PTX (``compute_XY``) that the driver
+compiles for newer cards; a card outside both gets "no kernel image is available" at its first
+operation (Kaggle's torch has no ``sm_60``, so a P100 fails that way). ``cuda_unsupported``
+checks the card's compute capability against ``torch.cuda.get_arch_list()``, then runs one small
+operation on it; when either fails, ``auto`` warns, naming the card and the reason, and uses the
+CPU. Asking for ``cuda`` explicitly is not second-guessed.
 
 ``dtype="auto"``: bfloat16 where the hardware computes it natively, float16 on GPUs without
 bf16 (a T4 is Turing: compute capability 7.5), float32 otherwise. On a CPU, bf16 is only fast
@@ -17,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +50,10 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         return resolve_device(os.environ[DEVICE_ENV])
     if device == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
+            problem = cuda_unsupported()
+            if not problem:
+                return torch.device("cuda")
+            warnings.warn(f"device='auto' runs on the CPU: {problem}", RuntimeWarning, stacklevel=2)
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
@@ -54,6 +64,49 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available on this machine; use device='cpu' or 'auto'")
     return resolved
+
+
+def arch_runs_on(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether code compiled for ``arch`` (an entry of ``torch.cuda.get_arch_list()``) runs on a card
+    of compute ``capability``. ``sm_XY`` machine code runs on the same major version from minor
+    ``Y`` up (``sm_XYa``, architecture-specific, on ``X.Y`` only); ``compute_XY`` PTX is compiled by
+    the driver for any card of capability ``X.Y`` or more."""
+    kind, _, number = arch.partition("_")
+    exact = number.endswith("a")
+    digits = number.rstrip("af")
+    if kind not in ("sm", "compute") or not digits.isdigit() or len(digits) < 2:
+        return False
+    built = (int(digits[:-1]), int(digits[-1]))
+    if kind == "compute":
+        return capability >= built
+    return capability == built if exact else capability[0] == built[0] and capability[1] >= built[1]
+
+
+def cuda_unsupported(index: int | None = None) -> str:
+    """Why this torch cannot run on CUDA card ``index`` (the current one when None), or "" when it
+    can: the card's compute capability against the architectures torch was built for, then one
+    small operation on the card (which catches what the list cannot say, such as a driver too old
+    for the build)."""
+    index = torch.cuda.current_device() if index is None else index
+    name = torch.cuda.get_device_name(index)
+    major, minor = torch.cuda.get_device_capability(index)
+    archs = torch.cuda.get_arch_list()
+    if archs and not any(arch_runs_on(arch, (major, minor)) for arch in archs):
+        return (
+            f"this torch {torch.__version__} has no kernels for the {name} (compute capability {major}.{minor}, "
+            f"sm_{major}{minor}; it was built for {' '.join(archs)}): use a GPU it supports, such as a T4, "
+            "or a torch build for this card"
+        )
+    try:
+        first_cuda_operation(index)
+    except RuntimeError as error:  # "no kernel image is available", a driver too old, ...
+        return f"a first operation on the {name} (compute capability {major}.{minor}) failed: {error}"
+    return ""
+
+
+def first_cuda_operation(index: int) -> None:
+    """One small kernel on card ``index``, waited for: it raises where this torch cannot run there."""
+    (torch.ones(2, device=f"cuda:{index}") + 1).sum().item()
 
 
 def to_device(values: Sequence[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

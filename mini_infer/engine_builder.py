@@ -8,7 +8,8 @@ apart. ``build_engine(config)`` then does, in order:
    tokenizer and the weights, prepacked for a CPU's matrix units (chapters 01-03);
 2. with a ``draft_model``, check that it shares the target's tokenizer and load it (chapter 10);
 3. size the KV pool from a memory budget unless ``num_kv_blocks`` is given (``kv.sizing``; on
-   CUDA after measuring the activation peak of the largest step, ``measure_activation_peak``),
+   CUDA after measuring the reserved memory of the largest step, speculative verification's
+   sampled rows included, ``measure_activation_peak``),
    and allocate it once, for the draft too (chapters 04-05);
 4. on CUDA, unless ``enforce_eager``, let each model's decode steps replay CUDA graphs
    (``decode_graphs``, chapter 05);
@@ -161,29 +162,50 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, show_p
     return model
 
 
-def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> int:
-    """Bytes the largest step needs on the GPU besides the weights and the KV pool, measured: each
-    model runs one step of ``max_num_batched_tokens`` new tokens with logits for as many sequences
-    as can run (``max_num_seqs``), sampled with a temperature and top-p (the sampler's float32
-    copies and its sort are a large part of it, at a 151,936-token vocabulary); with a draft
-    model, the distributions of a step's guesses are held meanwhile. Its scratch pools are left
-    out of the count; the allocator's peak over what was held before is the answer."""
-    device, block = models[0].device, config.block_size
-    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
-    # One long chunk, then one token per sequence. No chunk reaches past the engine's context (nor
-    # past RoPE's table, max_position_embeddings rows): a model with fewer positions than the
-    # budget gets its tokens as several chunks, of which the last samples.
-    context = context_limit(config.max_model_len, [m.config for m in models])
-    chunk_tokens = config.max_num_batched_tokens - rows + 1
+def largest_step(config: EngineConfig, context: int) -> tuple[list[SequenceInput], int]:
+    """The inputs of the largest step the engine can take, and the blocks they use: the whole token
+    budget (``max_num_batched_tokens``), with as many sampled logit rows as a step can have. That is
+    one per running sequence (``max_num_seqs``), and with a draft model ``1 + k`` per sequence,
+    since verification samples every guess (``num_speculative_tokens`` = k): up to
+    ``min(max_num_seqs * (1 + k), max_num_batched_tokens)`` rows. One long chunk brings the tokens
+    that sample nothing and samples its own last one; the other sequences bring ``1 + k`` tokens each
+    (the last one fewer), every one sampled. No chunk reaches past ``context`` (the engine's
+    ``max_model_len``, within RoPE's table): a model with fewer positions than the budget gets its
+    tokens as several chunks, of which the last samples. An upper bound: the chunk may be one
+    sequence more than ``max_num_seqs``."""
+    per_seq = 1 + (config.num_speculative_tokens if config.draft_model is not None else 0)
+    budget = config.max_num_batched_tokens
+    rows = min(config.max_num_seqs * per_seq, budget)
+    chunk_tokens = budget - rows + 1
     chunks = [min(context, chunk_tokens - start) for start in range(0, chunk_tokens, context)]
+    decodes = [min(per_seq, rows - 1 - start) for start in range(0, rows - 1, per_seq)]
     inputs: list[SequenceInput] = []
     num_blocks = 0
-    for i, n in enumerate(chunks + [1] * (rows - 1)):
-        table = list(range(num_blocks, num_blocks + num_blocks_for(n, block)))
+    for i, n in enumerate(chunks + decodes):
+        guesses = n - 1 if i >= len(chunks) else 0
+        table = list(range(num_blocks, num_blocks + num_blocks_for(n, config.block_size)))
         num_blocks += len(table)
-        inputs.append(SequenceInput([0] * n, 0, table, samples=i >= len(chunks) - 1))
+        inputs.append(
+            SequenceInput([0] * (n - guesses), 0, table, samples=i >= len(chunks) - 1, draft_token_ids=[0] * guesses)
+        )
+    return inputs, num_blocks
+
+
+def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> int:
+    """Bytes the largest step (``largest_step``) needs on the GPU besides the weights and the KV
+    pool, measured: each model runs it, its logits sampled with a temperature and top-p (the
+    sampler's float32 copies and its sort are a large part of it, at a 151,936-token vocabulary);
+    with a draft model, the distributions of a step's guesses are held meanwhile. The figure is the
+    growth of the allocator's *reserved* memory (what the process holds on the card, blocks the
+    allocator keeps cached and fragmented ones included), from an emptied cache, less the scratch
+    pool's own bytes."""
+    device = models[0].device
+    context = context_limit(config.max_model_len, [m.config for m in models])
+    inputs, num_blocks = largest_step(config, context)
+    rows = sum(s.num_logits for s in inputs)
     torch.cuda.synchronize(device)
-    held = torch.cuda.memory_allocated(device)
+    torch.cuda.empty_cache()  # from here, reserved memory is what is really held
+    held = torch.cuda.memory_reserved(device)
     torch.cuda.reset_peak_memory_stats(device)
     peak = 0
     # With a draft, a step's sampled guesses keep their distributions until the target verifies
@@ -192,12 +214,12 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     if len(models) > 1:
         guesses = torch.empty(config.max_num_batched_tokens, models[0].config.vocab_size, device=device)
     for model in models:
-        scratch = PagedKVCache(model.shard, num_blocks, block, model.dtype, device)
+        scratch = PagedKVCache(model.shard, num_blocks, config.block_size, model.dtype, device)
         runner = ModelRunner(model, scratch)
         logits = runner.execute(runner.prepare(inputs))
         Sampler(config.seed)(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * rows)
         torch.cuda.synchronize(device)
-        peak = max(peak, torch.cuda.max_memory_allocated(device) - held - scratch.nbytes)
+        peak = max(peak, torch.cuda.max_memory_reserved(device) - held - scratch.nbytes)
         del scratch, runner, logits
     del guesses
     torch.cuda.empty_cache()

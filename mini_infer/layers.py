@@ -12,6 +12,16 @@ Everything here is plain PyTorch, the same code on CPU and CUDA:
   of every layer's output) is kept in float32; every matmul still runs in float16 on a
   normalised input, and attention's scores and softmax are accumulated in float32 by every SDPA
   kernel the engine uses. bfloat16 keeps a bfloat16 residual, as the models were trained.
+* ``projection_scale``: an fp32 residual does not help when a single addend overflows: one
+  ``o_proj`` or ``down_proj`` output past 65,504 is ``inf`` the moment the float16 matmul rounds
+  it, before it is added. So with float16 weights those two projections run on their input
+  times ``2**-6`` (exact: a power of two), and the residual adds their output times ``2**6`` in
+  float32 (``torch.add(..., alpha=64)``, one kernel as before): a single output may reach
+  64 x 65,504, about 4.2 million, and so may the partial sums inside the matmul (cuBLAS's
+  split-K reductions, which ``allow_fp16_reduced_precision_reduction`` lets it keep in float16).
+  The cost is one elementwise multiply of each projection's input; inputs below ``2**-8``
+  become float16 subnormals, whose absolute error (about ``4e-6``) is what float16 already has
+  at ``4e-3``. Tensor-parallel ranks sum these outputs in float32 (chapter 14).
 * ``RotaryEmbedding``: the cos/sin table is computed once, in float32, for every position up to
   the model's maximum; a forward pass only indexes it with the tokens' positions.
 * ``silu_and_mul``: SwiGLU on a fused ``[gate | up]`` projection (one matmul instead of two).
@@ -107,6 +117,13 @@ def residual_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the residual stream for weights of ``dtype``: float32 for float16 (whose
     range massive activations exceed), else ``dtype`` itself (see the module docstring)."""
     return torch.float32 if dtype == torch.float16 else dtype
+
+
+def projection_scale(dtype: torch.dtype) -> float:
+    """What the o and down projections' inputs are multiplied by before a matmul in ``dtype``
+    (and their outputs divided by as the float32 residual adds them): ``2**-6`` for float16,
+    whose range one layer's output can exceed, else 1 (see the module docstring)."""
+    return 2.0**-6 if dtype == torch.float16 else 1.0
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

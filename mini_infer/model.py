@@ -25,7 +25,10 @@ projection gets its own packed copy (the embedding table stays plain for lookups
 Packed weights are opaque: load weights before packing, never after.
 
 With float16 weights the residual stream runs in float32 (``residual_dtype``, the numerics policy
-of chapter 02): ``forward`` keeps ``hidden`` in it and every RMSNorm hands float16 to the matmuls.
+of chapter 02): ``forward`` keeps ``hidden`` in it and every RMSNorm hands float16 to the matmuls;
+the o and down projections, whose outputs are added to it, compute on inputs scaled by
+``projection_scale`` (``2**-6``), and the float32 residual adds them scaled back, so that a single
+output past 65,504 is not ``inf`` before it is added (``add_projection``).
 
 Tensor parallelism (chapter 14) plugs in through ``TensorParallel``: a model built with one holds
 shard ``rank`` of ``size`` (``shard_config``: its share of the heads, KV heads, MLP width and
@@ -53,6 +56,7 @@ from mini_infer.layers import (
     can_prepack,
     linear,
     prepack_linear_weight,
+    projection_scale,
     residual_dtype,
     rms_norm,
     silu_and_mul,
@@ -193,6 +197,7 @@ class Qwen2Model(nn.Module):
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, device)
         # float32 under float16 weights: the numerics policy of chapter 02 (layers.residual_dtype).
         self.residual_dtype = residual_dtype(dtype)
+        self.projection_scale = projection_scale(dtype)  # 2**-6 under float16 weights, else 1
 
     @classmethod
     def from_pretrained(
@@ -279,12 +284,19 @@ class Qwen2Model(nn.Module):
             k = apply_rope(k.view(num_tokens, c.num_key_value_heads, c.head_dim), cos, sin)
             v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
             out = attn(index, q, k, v)
-            hidden = hidden + self.sum_over_ranks(linear(out.reshape(num_tokens, c.q_size), layer.o_weight))
+            hidden = self.add_projection(hidden, out.reshape(num_tokens, c.q_size), layer.o_weight)
             x = rms_norm(hidden, layer.post_attn_norm, c.rms_norm_eps)
-            hidden = hidden + self.sum_over_ranks(
-                linear(silu_and_mul(linear(x, layer.gate_up_weight)), layer.down_weight)
-            )
+            hidden = self.add_projection(hidden, silu_and_mul(linear(x, layer.gate_up_weight)), layer.down_weight)
         return rms_norm(hidden, self.norm, c.rms_norm_eps)
+
+    def add_projection(self, hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``hidden + x @ weight.T`` (summed over the ranks) for the o and down projections. Under
+        float16 weights ``x`` is first scaled by ``projection_scale`` and the sum adds the output
+        scaled back in the residual's float32, so one output up to 64 x 65,504 stays finite
+        (chapter 02's policy); elsewhere the scale is 1 and this is a plain sum."""
+        scale = self.projection_scale
+        out = self.sum_over_ranks(linear(x if scale == 1.0 else x * scale, weight))
+        return hidden.add(out, alpha=1.0 / scale)
 
     def sum_over_ranks(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel projection's output: each rank's product of its heads (or MLP columns)

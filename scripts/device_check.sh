@@ -1,75 +1,86 @@
 #!/usr/bin/env bash
-# The device check: everything that needs a GPU, in one run of about 8 minutes on a machine with
-# one NVIDIA GPU. Writes device_check.json (every figure) and device_check.txt (a summary, and
-# each step's log tail) under $OUT (default bench_results/device_check).
+# The device check: everything that needs a GPU, in one unattended command of at most 7 minutes,
+# install included, on a fresh machine with one NVIDIA GPU and no package registry. Its image must
+# have torch (CUDA build) and transformers; everything else comes from .whl/ (scripts/device_wheels.sh
+# fills it here, with scripts/device_requirements.txt resolved for CPython 3.10-3.13).
 #
-#   1. the suite's CUDA tests (MINI_INFER_TEST_DEVICE=cuda): model and engine parity in float32,
-#      float16 and bfloat16 (tolerances in tests/test_half_precision.py), the float16 overflow
-#      model, CUDA graphs against eager steps, sampling, the server;
-#   2. mini-infer bench offline on random Qwen2.5-0.5B- and 1.5B-shaped models against
-#      transformers on the same GPU, with CUDA graphs and with --enforce-eager;
-#   3. mini-infer bench speculative: the 0.5B shape drafting for the 1.5B shape (random weights:
-#      acceptance means nothing, the cost of each pass is real).
+# It writes exactly three files under $OUT (default bench_results/device_check), each rewritten after
+# every step, so that a step or the whole command stopped by a time limit keeps what had finished:
+#   device_check.json          every figure (scripts/device_check.py report builds it)
+#   device_check.txt           a summary
+#   device_check_logs.tar.gz   each step's full log, the junit file and the steps' JSON
 #
-# Python packages: the machine's own torch and transformers are used. What it lacks (FastAPI and
-# the server's other needs, the OpenAI client) is installed from wheels in .whl/ when that folder
-# exists (scripts/device_wheels.sh fills it, for a machine with no registry), else from the
-# registry. Run on this project's device machine, for example:
-#   bash scripts/device_wheels.sh    # here, once: .whl/ is git-ignored
-#   device run: command "bash scripts/device_check.sh", carry [".whl"], timeout_s 540
+# The steps, each under its own time limit and all under one deadline ($DEVICE_CHECK_SECONDS, 400 s):
+#   install     the pinned wheels, with --no-index, into a folder put on PYTHONPATH;
+#   imports     every module the check imports, and the card (name, capability, torch's arch list);
+#   cuda_tests  the suite's CUDA tests (MINI_INFER_TEST_DEVICE=cuda): device choice, layers, model
+#               parity, the float16 overflow models, half-precision engines under every scheduling
+#               regime (parity counts per dtype in the JSON), decode graphs, KV sizing, roofline;
+#   roofline    read bandwidth and matmul peak in bf16 and fp16, timed with CUDA events;
+#   bench_*     mini-infer bench offline on a random Qwen2.5-0.5B-shaped model against transformers
+#               on the same GPU, bf16 and fp16, with CUDA graphs and eagerly (decode graphs captured
+#               and left eager per shape); batch-1 decode against weight bytes / bandwidth.
+#
+# On the project's device machine, after `bash scripts/device_wheels.sh` here:
+#   command "bash scripts/device_check.sh", carry [".whl"], timeout_s 480
 set -uo pipefail
 cd "$(dirname "$0")/.."
+START=$(date +%s)
+DEADLINE=$((START + ${DEVICE_CHECK_SECONDS:-400}))
 OUT=${OUT:-bench_results/device_check}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-SUMMARY="$OUT/device_check.txt"
-: >"$SUMMARY"
+LOGS=$(mktemp -d /tmp/device_check_logs.XXXXXX)
+SITE=$(mktemp -d /tmp/device_check_site.XXXXXX)
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false MINI_INFER_TEST_DEVICE=cuda
+export PYTHONPATH="$PWD:$SITE"
 
-say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
-run_step() {  # run_step NAME SECONDS COMMAND...: log to $OUT/NAME.log, one line and the tail to the summary
-  local name=$1 limit=$2 start status
+report() {  # rebuild the three files under $OUT from $LOGS
+  $PY scripts/device_check.py report "$LOGS" "$OUT" >>"$LOGS/report.log" 2>&1
+  tar -czf "$OUT/device_check_logs.tar.gz" -C "$LOGS" . 2>/dev/null
+}
+
+run_step() {  # run_step NAME SECONDS COMMAND...: under min(SECONDS, what the deadline leaves)
+  local name=$1 limit=$2 left start status
   shift 2
+  left=$((DEADLINE - $(date +%s) - 10))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 15 ]; then
+    printf '{"exit": null, "seconds": 0, "timed_out": true, "skipped": "no time left"}\n' >"$LOGS/step_$name.json"
+    report
+    return 0
+  fi
   start=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   status=$?
-  say "== $name: exit $status in $(($(date +%s) - start)) s"
-  tail -n 15 "$OUT/$name.log" >>"$SUMMARY"
+  printf '{"exit": %d, "seconds": %d, "limit": %d, "timed_out": %s}\n' "$status" "$(($(date +%s) - start))" \
+    "$limit" "$([ "$status" -eq 124 ] || [ "$status" -eq 137 ] && echo true || echo false)" >"$LOGS/step_$name.json"
+  report
   return 0
 }
 
 if [ -d .whl ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-else  # a machine with a registry: whatever it lacks (on a bare one, torch's CUDA build too)
-  $PY -c "import torch, transformers" 2>/dev/null || $PY -m pip install -q "torch>=2.4" "transformers>=4.45"
-  $PY -m pip install -q "safetensors>=0.4" "tokenizers>=0.19" "huggingface_hub>=0.23" "tqdm>=4.60" "jinja2>=3.1" \
-    "fastapi>=0.110" "uvicorn>=0.29" "prometheus_client>=0.20" "httpx>=0.27" "openai>=1.30" \
-    "pytest>=8" "pytest-timeout>=2.2" "hypothesis>=6.100"
+  run_step install 60 $PY -m pip install -q --no-index --find-links .whl --target "$SITE" -r scripts/device_requirements.txt
+else  # a machine with a registry: the same pins
+  run_step install 90 $PY -m pip install -q --target "$SITE" -r scripts/device_requirements.txt
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-say "$($PY -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__, "|", torch.cuda.get_device_name(0), "| capability", torch.cuda.get_device_capability(0))')"
+run_step imports 40 $PY scripts/device_check.py imports "$LOGS"
 
-TESTS="tests/test_device.py tests/test_layers.py tests/test_model_parity.py tests/test_numerics.py"
-TESTS="$TESTS tests/test_half_precision.py tests/test_decode_graphs.py tests/test_engine.py tests/test_speculative.py"
-TESTS="$TESTS tests/test_prefix_cache_engine.py tests/test_sampling.py tests/test_server.py"
-# shellcheck disable=SC2086
-run_step cuda_tests 210 $PY -m pytest -q -p no:cacheprovider $TESTS --junitxml "$OUT/cuda_tests.xml"
+TESTS=(tests/test_device.py tests/test_layers.py tests/test_model_parity.py tests/test_numerics.py
+  tests/test_half_precision.py tests/test_decode_graphs.py tests/test_kv_sizing.py tests/test_roofline.py)
+if [ -n "${DEVICE_CHECK_DRY_RUN:-}" ]; then  # scripts/device_dry_run.sh: install, imports, collect; no GPU
+  run_step collect 60 $PY -m pytest -q -p no:cacheprovider --collect-only "${TESTS[@]}"
+  cat "$OUT/device_check.txt"
+  exit 0
+fi
+run_step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" --junitxml "$LOGS/cuda_tests.xml"
+run_step roofline 25 $PY scripts/device_check.py roofline "$LOGS"
 
-BENCH=(-m mini_infer bench offline --device cuda --workloads roofline,throughput,decode --repeats 2)
-for shape in qwen2.5-0.5b qwen2.5-1.5b; do
-  run_step "offline_${shape}_graphs" 75 $PY "${BENCH[@]}" --shape "$shape" --json "$OUT/offline_${shape}_graphs.json"
-  run_step "offline_${shape}_eager" 50 $PY "${BENCH[@]}" --shape "$shape" --skip-hf --enforce-eager --json "$OUT/offline_${shape}_eager.json"
-done
-models=~/.cache/mini-infer/random-models
-run_step speculative 60 $PY -m mini_infer bench speculative --model "$models/qwen2.5-1.5b-bfloat16" \
-  --draft-model "$models/qwen2.5-0.5b-bfloat16" --dtype bfloat16 --device cuda --k 1,2,4 --json "$OUT/speculative.json"
-
-$PY - "$OUT" <<'EOF'
-import json, sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-figures = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "device_check.json"}
-(out / "device_check.json").write_text(json.dumps(figures, indent=2))
-print(f"figures of {len(figures)} runs in {out / 'device_check.json'}")
-EOF
+BENCH=(--shape qwen2.5-0.5b --device cuda --workloads throughput,decode --num-prompts 64 --output-len 64
+  --decode-len 64 --repeats 1 --hf-repeats 1 --gpu-memory-utilization 0.5)
+run_step bench_bf16_graphs 60 $PY scripts/device_check.py bench "$LOGS" bf16_graphs "${BENCH[@]}" --dtype bfloat16
+run_step bench_bf16_eager 40 $PY scripts/device_check.py bench "$LOGS" bf16_eager "${BENCH[@]}" --dtype bfloat16 \
+  --skip-hf --enforce-eager
+run_step bench_fp16_graphs 60 $PY scripts/device_check.py bench "$LOGS" fp16_graphs "${BENCH[@]}" --dtype float16
+echo "device check: $(($(date +%s) - START)) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"
+cat "$OUT/device_check.txt"

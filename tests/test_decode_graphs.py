@@ -116,34 +116,82 @@ def test_padding_rows_write_only_the_null_block(case):
     assert all(torch.equal(cache.k[:, :, b], untouched) for b in never_used)
 
 
+def fake_cuda_graphs(monkeypatch) -> dict:
+    """CUDA's stream and graph calls faked on this CPU: a "graph" records nothing and its replay
+    does nothing (what an engine on cuda:1 got when it captured on cuda:0's stream). Returns what
+    the fakes saw: whether a capture is under way, and the devices each call was given."""
+    import contextlib
+
+    seen: dict = {"now": False, "streams": [], "current_streams": [], "device_contexts": [], "capture_streams": []}
+
+    class FakeStream:
+        def __init__(self, device=None):
+            seen["streams"].append(device)
+
+        def wait_stream(self, other):
+            pass
+
+    class FakeGraph:
+        def replay(self):
+            pass
+
+    @contextlib.contextmanager
+    def fake_graph(graph, pool=None, stream=None):
+        seen["capture_streams"].append(stream)
+        seen["now"] = True
+        yield
+        seen["now"] = False
+
+    @contextlib.contextmanager
+    def fake_device(device):
+        seen["device_contexts"].append(device)
+        yield
+
+    def current_stream(device=None):
+        seen["current_streams"].append(device)
+        return FakeStream(device)
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "device", fake_device)
+    return seen
+
+
+def test_an_empty_graph_fails_its_check_and_everything_runs_on_the_models_device(case, monkeypatch):
+    """The capture's kernels run eagerly and record nothing (the "graph" replays nothing), so the
+    output holds the right logits from the capture itself: a check that compared that output
+    without clearing it passed, and the graph served stale logits from then on. The output is
+    filled with NaN before the check's replay, so the empty graph is refused. Every stream and
+    the capture are made on the model's device, inside torch.cuda.device(model.device)."""
+    target, _, prompts, expected = case
+    seen = fake_cuda_graphs(monkeypatch)
+    llm = LLM(str(target), dtype="float32", num_kv_blocks=256, max_num_seqs=16, show_progress=False)
+    engine = llm.engine
+    graphs = DecodeGraphs(
+        engine.model, engine.runner.kv_cache, max_num_seqs=16, max_model_len=engine.max_model_len, capture=True
+    )
+    engine.runner.static_decode = graphs
+    with pytest.warns(RuntimeWarning, match="did not reproduce the eager step"):
+        outputs = run_checked(engine, prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == expected
+    assert graphs.steps and graphs.eager_only == set(graphs.steps)  # no empty graph ever served
+    device = engine.model.device
+    assert len(seen["device_contexts"]) == len(graphs.steps) and set(seen["device_contexts"]) == {device}
+    assert seen["streams"] and set(seen["streams"]) == {device}  # side stream, capture stream
+    assert set(seen["current_streams"]) == {device}
+    assert len(seen["capture_streams"]) == len(graphs.steps) and None not in seen["capture_streams"]
+
+
 def test_a_graph_that_does_not_reproduce_the_eager_step_never_serves(case, monkeypatch):
     """The recording path with CUDA's graph calls faked on this CPU, and a recording that comes
     out wrong: the replay is checked against the eager step, a warning says so, and that shape
     runs eagerly from then on; every token is still right."""
-    import contextlib
-
     target, _, prompts, expected = case
-    recording = {"now": False}
-
-    @contextlib.contextmanager
-    def fake_graph(graph, pool=None):
-        recording["now"] = True
-        yield
-        recording["now"] = False
-
-    class Fake:
-        def wait_stream(self, other):
-            pass
-
-        def replay(self):
-            pass
-
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(torch.cuda, "Stream", Fake)
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Fake)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Fake())
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    recording = fake_cuda_graphs(monkeypatch)
     eager_forward = DecodeGraphs._forward
     monkeypatch.setattr(
         DecodeGraphs, "_forward", lambda self, key: eager_forward(self, key) * (0 if recording["now"] else 1)
@@ -161,7 +209,7 @@ def test_a_graph_that_does_not_reproduce_the_eager_step_never_serves(case, monke
     assert graphs.eager_only and graphs.eager_only == set(graphs.steps)
 
     # A recording that fails outright (a kernel that cannot be captured) is no error either.
-    def failing_graph(graph, pool=None):
+    def failing_graph(graph, pool=None, stream=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(torch.cuda, "graph", failing_graph)
@@ -194,3 +242,25 @@ def test_cuda_graphs_replay_the_eager_decode_steps(case):
         assert graphs.steps and not graphs.eager_only  # every recorded graph reproduced its eager step
     eager = LLM(str(target), dtype="float32", device="cuda", num_kv_blocks=256, enforce_eager=True, show_progress=False)
     assert eager.engine.runner.static_decode is None
+
+
+def test_logits_are_computed_outside_the_static_step_for_the_real_rows_only(case):
+    """Three sequences padded to four: the graph's output is the hidden states of all four rows,
+    and the LM head runs on three rows, after the step (in the graph it held a [rows, vocab]
+    buffer per captured shape)."""
+    target, _, prompts, expected = case
+    llm = LLM(str(target), dtype="float32", num_kv_blocks=64, max_num_seqs=8, show_progress=False)
+    (graphs,) = static_steps(llm)
+    model = llm.engine.runner.model
+    rows_seen, original = [], model.compute_logits
+
+    def counting(hidden, dtype=torch.float32):
+        rows_seen.append(hidden.shape[0])
+        return original(hidden, dtype)
+
+    model.compute_logits = counting
+    outputs = llm.generate(prompts[:3], GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == expected[:3]
+    assert graphs.served > 0 and {size for _, size, _ in graphs.steps} == {4}
+    assert graphs._forward((1, 4, 2)).shape == (4, model.config.hidden_size)  # the step ends at the norm
+    assert 4 not in rows_seen and 3 in rows_seen  # never the padding row's logits

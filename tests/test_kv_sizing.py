@@ -61,9 +61,26 @@ def test_on_cuda_the_budget_is_the_cards_share_minus_what_is_held_and_the_activa
         kv_blocks_for_memory([QWEN_1_5B, QWEN_0_5B], **(settings | dict(activation_bytes=gib)))
 
 
+def fake_allocator(monkeypatch, *, held, peak):
+    """CUDA's caching allocator faked on this CPU: ``held`` bytes reserved before the step, ``peak()``
+    the largest reserved during it. Its allocated-memory counters raise: sizing must read reserved
+    memory (what the process holds on the card), not allocated."""
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
+
+    def allocated(device=None):
+        raise AssertionError("read reserved memory, not allocated")
+
+    monkeypatch.setattr(torch.cuda, "memory_allocated", allocated)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", allocated)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: held)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: peak())
+
+
 def test_the_activation_peak_is_measured_from_the_largest_step(tiny_model_dir, monkeypatch):
     """measure_activation_peak runs the largest step (a chunk and max_num_seqs logit rows, sampled)
-    on each model and reads the allocator's peak; the allocator is faked here, the step is real."""
+    on each model and reads the allocator's reserved peak; the allocator is faked here, the step is
+    real."""
     from mini_infer.engine_builder import EngineConfig, measure_activation_peak
     from mini_infer.model import Qwen2Model
 
@@ -76,10 +93,7 @@ def test_the_activation_peak_is_measured_from_the_largest_step(tiny_model_dir, m
         ran.append(self.nbytes)
 
     monkeypatch.setattr(PagedKVCache, "__init__", counting_init)
-    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
-        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10_000)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 10_000 + ran[-1] + 7_000)
+    fake_allocator(monkeypatch, held=10_000, peak=lambda: 10_000 + ran[-1] + 7_000)
     config = EngineConfig(model=str(tiny_model_dir), max_num_batched_tokens=40, max_num_seqs=8)
     assert measure_activation_peak([model], config) == 7_000
     # The scratch pool holds the 33-token chunk and seven single-token sequences: 3 + 7 blocks
@@ -107,12 +121,50 @@ def test_the_measured_step_stays_within_the_models_positions(tmp_path, monkeypat
         return original(self, inputs)
 
     monkeypatch.setattr(ModelRunner, "prepare", recording_prepare)
-    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
-        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1 << 30)
+    fake_allocator(monkeypatch, held=0, peak=lambda: 1 << 30)
     measure_activation_peak([model], EngineConfig(model=str(model_dir), max_num_batched_tokens=200, max_num_seqs=4))
     (inputs,) = prepared
     assert sum(s.num_tokens for s in inputs) == 200
     assert max(s.context_len for s in inputs) <= 64
     assert sum(s.num_logits for s in inputs) == 4  # one logit row per sequence that can run
+
+
+def test_with_a_draft_the_measured_step_samples_every_verification_row(model_dirs, monkeypatch):
+    """Speculative verification samples 1 + k rows per sequence: the measured step must too, up to
+    the token budget (before, it sampled max_num_seqs rows: 8 here, where verification samples 32),
+    and the sampler sees every one of them."""
+    from mini_infer.engine_builder import EngineConfig, largest_step, measure_activation_peak
+    from mini_infer.model import Qwen2Model
+    from mini_infer.model_runner import ModelRunner
+    from mini_infer.sampling import Sampler
+
+    target = Qwen2Model.from_pretrained(model_dirs["tied-gqa2"], torch.float32, show_progress=False)
+    draft = Qwen2Model.from_pretrained(model_dirs["sharded"], torch.float32, show_progress=False)
+    prepared, sampled = [], []
+    original_prepare, original_sample = ModelRunner.prepare, Sampler.__call__
+
+    def recording_prepare(self, inputs):
+        prepared.append(list(inputs))
+        return original_prepare(self, inputs)
+
+    def recording_sample(self, logits, params, *args, **kwargs):
+        sampled.append((logits.shape[0], len(params)))
+        return original_sample(self, logits, params, *args, **kwargs)
+
+    monkeypatch.setattr(ModelRunner, "prepare", recording_prepare)
+    monkeypatch.setattr(Sampler, "__call__", recording_sample)
+    fake_allocator(monkeypatch, held=0, peak=lambda: 1 << 30)
+    for budget, rows in [(64, 8 * 4), (20, 20)]:  # 8 sequences x (1 + 3): 32 rows, or the whole budget
+        prepared.clear(), sampled.clear()
+        config = EngineConfig(
+            model="x", draft_model="y", num_speculative_tokens=3, max_num_batched_tokens=budget, max_num_seqs=8
+        )
+        measure_activation_peak([target, draft], config)
+        assert len(prepared) == 2  # the same step through the target and the draft
+        for inputs in prepared:
+            assert sum(s.num_tokens for s in inputs) == budget
+            assert sum(s.num_logits for s in inputs) == rows
+            assert max(len(s.draft_token_ids) for s in inputs) == 3
+        assert sampled == [(rows, rows)] * 2
+    no_draft, _ = largest_step(EngineConfig(model="x", max_num_batched_tokens=64, max_num_seqs=8), context=4096)
+    assert sum(s.num_logits for s in no_draft) == 8 and not any(s.draft_token_ids for s in no_draft)

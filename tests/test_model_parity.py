@@ -58,10 +58,11 @@ def test_contiguous_cache_refuses_overflow(pairs):
 
 def test_bf16_close_to_fp32(model_dirs):
     fp32 = Qwen2Model.from_pretrained(model_dirs["tied-gqa2"], torch.float32, show_progress=False)
-    bf16 = Qwen2Model.from_pretrained(model_dirs["tied-gqa2"], torch.bfloat16, show_progress=False)
+    bf16 = Qwen2Model.from_pretrained(model_dirs["tied-gqa2"], torch.bfloat16, TEST_DEVICE, show_progress=False)
     ids = torch.randint(0, fp32.config.vocab_size, (20,))
-    a = fp32.compute_logits(fp32.forward(ids, torch.arange(20), FullAttention()))
-    b = bf16.compute_logits(bf16.forward(ids, torch.arange(20), FullAttention()))
+    a = fp32.compute_logits(fp32.forward(ids, torch.arange(20), FullAttention()))  # the reference, on the CPU
+    on_device = bf16.forward(ids.to(TEST_DEVICE), torch.arange(20, device=TEST_DEVICE), FullAttention())
+    b = bf16.compute_logits(on_device).cpu()
     # bf16 keeps 8 bits of mantissa: errors of a few percent of the logit scale, not more.
     assert (a - b).abs().max().item() < 0.05 * a.abs().max().item()
 

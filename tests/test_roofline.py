@@ -116,3 +116,42 @@ def test_decode_is_memory_bound_and_a_long_prefill_is_not():
     assert decode["gate_up_proj"].intensity < 1.1
     assert prefill["gate_up_proj"].intensity > 4
     assert prefill["gate_up_proj"].intensity > 4 * decode["gate_up_proj"].intensity
+
+
+def test_on_cuda_the_timing_reads_cuda_events_not_the_host_clock(monkeypatch):
+    """The CUDA branch of seconds_per_call with torch.cuda.Event faked on this CPU: each timing is
+    the events' elapsed time (milliseconds) over the inner calls, and the host clock is never read
+    (a 22 us matmul timed with perf_counter and a sync reads several times too slow)."""
+    from mini_infer.bench import roofline
+
+    calls, recorded = [], []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            recorded.append(len(calls))
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 0.022 * 10  # ms for 10 calls of 22 us each
+
+    def no_host_clock():
+        raise AssertionError("the host clock times a CUDA kernel")
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(roofline.time, "perf_counter", no_host_clock)
+    seconds = roofline.seconds_per_call(lambda: calls.append(1), torch.device("cuda"), repeats=3, inner=10)
+    assert seconds == pytest.approx(22e-6)
+    assert len(calls) == 4 * 10 and recorded == [0, 10, 10, 20, 20, 30, 30, 40]  # events around each 10
+
+
+def test_on_a_cpu_the_timing_is_per_call():
+    from mini_infer.bench.roofline import seconds_per_call
+
+    calls = []
+    assert seconds_per_call(lambda: calls.append(1), torch.device("cpu"), repeats=2, inner=3) >= 0
+    assert len(calls) == 3 * 3

@@ -10,6 +10,9 @@ Two numbers bound any step of the engine from below:
 
 A step's floor is the larger of the two; a run's floor is the sum over its steps.
 
+Both are timed by ``seconds_per_call``: on CUDA with CUDA events (the device's clock, without the
+host's launch latency), on a CPU with ``perf_counter``.
+
 On a shared machine both numbers drift by 2x or more within minutes (other tenants use the same
 cores, caches and memory), so a benchmark reads them several times through its run and uses the
 median (``median_roofline``), reporting the spread beside it.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -110,31 +113,43 @@ def step_flops(config: ModelConfig, num_tokens: int, num_logits: int, context_to
     return sum(op.flops for op in step_operations(config, num_tokens, num_logits, context_tokens, 0, 1))
 
 
+def seconds_per_call(fn: Callable[[], object], device: torch.device, repeats: int = 5, inner: int = 1) -> float:
+    """Median seconds of one ``fn()``, over ``repeats`` timings of ``inner`` calls each (after one
+    untimed warm-up timing). On CUDA the device's own clock times it: CUDA events recorded on the
+    stream before and after the ``inner`` calls, so neither the host's launch latency nor a sync
+    is counted (a 2048^3 matmul takes about 22 us on an H100, less than a host round trip); on a
+    CPU, ``perf_counter`` around them."""
+    times = []
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / inner)  # elapsed_time is in milliseconds
+        else:
+            synchronize(device)
+            begin = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            synchronize(device)
+            times.append((time.perf_counter() - begin) / inner)
+    return statistics.median(times[1:])
+
+
 def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     """Read bandwidth from summing a large tensor (bytes read per second, median of repeats)."""
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    times = []
-    for _ in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        x.sum()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times[1:])
+    return nbytes / seconds_per_call(x.sum, device, repeats)
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    """Dense ``n x n`` matmul throughput in FLOP/s (median of repeats)."""
+    """Dense ``n x n`` matmul throughput in FLOP/s (median of repeats; on CUDA, 10 matmuls per timing)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    times = []
-    for _ in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / statistics.median(times[1:])
+    return 2 * n**3 / seconds_per_call(lambda: a @ b, device, repeats, inner=10 if device.type == "cuda" else 1)
 
 
 def measure(device: torch.device, dtype: torch.dtype) -> Roofline:

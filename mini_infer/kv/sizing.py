@@ -9,7 +9,9 @@ so each block id costs both. The budget is
 * on CUDA, ``gpu_memory_utilization`` of the card's memory, minus what is already held when the
   pool is sized (the weights, the CUDA context, other processes: ``total - free``), minus the
   activation peak of the largest step, measured beforehand (``activation_bytes``; the engine
-  builder runs that step once and reads the allocator's peak). For Qwen2.5-1.5B drafted by
+  builder runs that step once, speculative verification's ``max_num_seqs x (1 + k)`` sampled rows
+  included, and reads the growth of the allocator's *reserved* memory, which is what the card has
+  given the process: cached and fragmented blocks count, as they do in ``total - free``). For Qwen2.5-1.5B drafted by
   Qwen2.5-0.5B in float16 on a 6 GiB card at 0.9: 5.4 GiB usable, about 4.1 GB of weights and
   a few hundred MB of CUDA context held, then the activation peak, leave well under 1 GiB, and
   a block id costs 448 KiB (target) + 192 KiB (draft): on the order of a thousand blocks,

@@ -9,7 +9,8 @@ it is given a ``TensorParallel`` (``model.shard_config`` gives each rank's shape
   of its own heads and its part of the MLP's hidden layer without any communication;
 * **row-parallel**: the o and down projections are split along their *input* features, the same
   ranges; each rank's product is a partial sum of the whole output, and one all-reduce adds them
-  up (``Qwen2Model.sum_over_ranks``): two all-reduces per layer;
+  up (``Qwen2Model.sum_over_ranks``): two all-reduces per layer, in float32 under float16 weights
+  (the ranks' partial sums each fit float16, their total need not);
 * **vocabulary-parallel**: the embedding and the LM head are split by vocabulary rows,
   ``ceil(V / N)`` each (the last rank's padded with zero rows): a lookup is one more all-reduce,
   the logits one all-gather;
@@ -91,8 +92,12 @@ class RankGroup:
         self.seconds = {"all_reduce": 0.0, "all_gather": 0.0}
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the ranks, in float32 when ``x`` is float16: each rank's partial sum fits
+        float16, their total need not (chapter 02's policy; twice the bytes on the wire)."""
+        if x.dtype == torch.float16:
+            x = x.float()
         with self._counted("all_reduce", x):
-            dist.all_reduce(x, group=self.group)  # in place: x is a fresh matmul output
+            dist.all_reduce(x, group=self.group)  # in place: x is a fresh matmul output (or its copy)
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
