@@ -31,9 +31,9 @@ Everything of it lives here, in ``SpeculativeDecoder``, which plays three parts 
    target's logit rows (plain sampling is the case ``k = 0``), with one host sync. It is not a
    sampler of its own: the target's rows, and the draft's, go through chapter 9's ``Sampler``
    pipeline (``step_arguments``: restrict; ``rows``: penalties; ``LogitRows.probs``: the
-   distributions), and this module adds only the verdict, ``rejection_sample``. Greedy guesses need no distributions
-   and are verified by the ``Sampler`` itself (``greedy.accepted_prefix``); the distributions of
-   sampled ones stay here, from ``propose`` to the ``sample`` of the same step.
+   distributions), and this module adds only the verdict, ``rejection_sample``. Greedy guesses
+   need no distributions and are verified by the ``Sampler`` itself (``greedy.accepted_prefix``);
+   the distributions of sampled ones stay here, from ``propose`` to the ``sample`` of that step.
 
 The draft keeps its own ``PagedKVCache`` with the same number of blocks, addressed by the *same*
 block tables: a block id means the same positions in both pools, so the scheduler's blocks,
@@ -152,6 +152,7 @@ class SpeculativeDecoder:
         """Run the draft model: as many guesses for each scheduled sequence as its draft slots."""
         items = schedule.scheduled
         guesses: list[list[int]] = [[] for _ in items]
+        self._draft_probs = None  # this step's, if its guesses are sampled
         # Pass 1: every scheduled sequence, so that the draft's cache holds what the target's
         # will hold after this step (its own tokens, a lagging one too); logits for those that guess.
         catch_up = []
@@ -161,7 +162,6 @@ class SpeculativeDecoder:
             catch_up.append(self._input(seq, own, start, samples=item.num_draft_tokens > 0))
         logits = self._forward(catch_up)
         active = [i for i, item in enumerate(items) if item.num_draft_tokens]
-        self._draft_probs = None
         if not active:
             return Proposal(guesses)
         greedy = all(items[i].seq.params.greedy for i in active)
