@@ -63,21 +63,18 @@ class TokenSampler(Protocol):
         """Raise ValueError, when a request is added, for what this sampler cannot do."""
         ...
 
-    def sample(
-        self, logits: torch.Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: torch.Tensor | None
-    ) -> list[SampledTokens]:
-        """One entry per input of ``batch``; ``draft_probs``: the distributions sampled guesses
-        were drawn from (chapter 10), one row per logit row."""
+    def sample(self, logits: torch.Tensor, batch: ForwardBatch, seqs: list[Seq]) -> list[SampledTokens]:
+        """One entry per input of ``batch``: its guesses up to the first rejected one (chapter 10),
+        then one token of the model's own."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
 class Proposal:
     """A drafter's guesses for one step (chapter 10): for every scheduled sequence, as many tokens
-    as its draft slots, and the distributions they were drawn from (None when all are greedy)."""
+    as its draft slots."""
 
     token_ids: list[list[int]]
-    probs: torch.Tensor | None = None
 
 
 class Drafter(Protocol):
@@ -193,7 +190,7 @@ class LLMEngine:
         proposal = self.drafter.propose(schedule) if self.drafter is not None else Proposal([[] for _ in scheduled])
         batch = self.runner.prepare([item.input(drafts) for item, drafts in zip(scheduled, proposal.token_ids)])
         logits = self.runner.execute(batch)
-        sampled = self.sampler.sample(logits, batch, seqs, proposal.probs)
+        sampled = self.sampler.sample(logits, batch, seqs)
         kept = [self.outputs.take(seq, tokens) for seq, tokens in zip(seqs, sampled)]
         self.scheduler.update(scheduled, kept)
         self.num_steps += 1

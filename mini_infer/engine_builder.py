@@ -302,18 +302,12 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     num_blocks = runners[0].kv_cache.num_blocks
     eos = {*target_config.eos_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])}
     mask = StructuredOutputs(tokenizer, target_config.vocab_size, eos)
+    sampler = Sampler(config.seed, eos_token_ids=eos, mask=mask)
     # The draft's pool has the same block ids as the target's: one scheduler serves both.
     speculator = (
         None
         if len(runners) == 1
-        else SpeculativeDecoder(
-            runners[1],
-            config.num_speculative_tokens,
-            target_config.vocab_size,
-            config.seed,
-            eos_token_ids=eos,
-            mask=mask,
-        )
+        else SpeculativeDecoder(runners[1], config.num_speculative_tokens, target_config.vocab_size, sampler)
     )
     pool = BlockPool(num_blocks, config.block_size)
     scheduler = Scheduler(
@@ -324,7 +318,6 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         prefix_cache=RadixCache(pool) if config.enable_prefix_caching else None,
         speculation=speculator,
     )
-    sampler = speculator or Sampler(config.seed, eos_token_ids=eos, mask=mask)
     defaults = config.sampling_defaults(model_dir)
     if speculator is not None:
         _warn_if_defaults_stop_drafts(defaults)
@@ -333,7 +326,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         scheduler,
         tokenizer,
         eos_token_ids=eos,
-        sampler=sampler,
+        sampler=speculator or sampler,  # with a draft, the decoder verifies its guesses with the sampler
         drafter=speculator,
         sampling_defaults=defaults,
     )

@@ -90,11 +90,5 @@ class GreedySampler:
                 "as LLM does"
             )
 
-    def sample(
-        self, logits: torch.Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: torch.Tensor | None = None
-    ) -> list[SampledTokens]:
-        if draft_probs is not None:
-            raise ValueError(
-                "a greedy sampler verifies greedy guesses only; sampled guesses need chapter 10's SpeculativeDecoder"
-            )
+    def sample(self, logits: torch.Tensor, batch: ForwardBatch, seqs: list[Seq]) -> list[SampledTokens]:
         return keep_per_sequence(batch, argmax_rows(logits).tolist())  # the step's one host sync

@@ -1,15 +1,15 @@
 """Streaming safetensors checkpoints, tensor by tensor (chapter 01).
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (name -> dtype,
-shape, byte offsets) and the raw bytes. Reading the header alone tells us every tensor's name
-and shape, so the whole checkpoint is checked *before* a byte of weights is read:
+shape, byte offsets) and the raw bytes (chapter 01 takes one apart by hand). ``safe_open`` parses
+the header, refuses a file the header does not match (truncated, corrupt) and memory-maps the
+rest; ``open_checkpoint`` opens every file once, and from those handles' headers alone checks the
+whole checkpoint *before* a byte of weights is read: every tensor the architecture needs is
+present, none is unexpected, every shape is right (each error names the tensor and the file).
 
-* every tensor the architecture needs is present, none is unexpected, every shape is right
-  (each error names the tensor and the file);
-* no file is truncated (its size covers the last tensor's end offset).
-
-Then ``iter_checkpoint`` yields one tensor at a time from a memory map, so the caller can cast
-it and copy it into its place on the device and drop it: the checkpoint is never held twice.
+Then ``iter_checkpoint`` yields one tensor at a time through the same handles (no header is
+parsed twice), so the caller can cast it and copy it into its place on the device and drop it:
+the checkpoint is never held twice.
 
 A tensor-parallel rank (chapter 14) holds a slice of most tensors: ``iter_checkpoint``'s
 ``read_part`` reads only that slice from the file (safetensors' ``get_slice``), so no rank ever
@@ -23,14 +23,14 @@ files are read the same way. Which names and shapes a Qwen2 checkpoint must have
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from mini_infer.config import ModelConfig
@@ -111,43 +111,39 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     raise CheckpointError(f"no *.safetensors file in {directory}")
 
 
-def read_header(file: Path) -> dict[str, TensorInfo]:
-    """Parse one safetensors header and check that the file holds every byte it promises."""
-    size = file.stat().st_size
-    with file.open("rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{file} is truncated: it is {size} bytes, too short for a safetensors header")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > size - 8:
-            raise CheckpointError(
-                f"{file} is truncated or not a safetensors file: header of {header_len} bytes in a {size}-byte file"
-            )
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{file} has a corrupt safetensors header: {exc}") from exc
-    header.pop("__metadata__", None)
-    infos = {}
-    data_end = 0
-    for name, entry in header.items():
-        infos[name] = TensorInfo(name, file, entry["dtype"], tuple(entry["shape"]))
-        data_end = max(data_end, entry["data_offsets"][1])
-    if 8 + header_len + data_end > size:
-        raise CheckpointError(
-            f"{file} is truncated: its tensors end at byte {8 + header_len + data_end} but the file has {size} bytes"
-        )
-    return infos
+def _open(file: Path, stack: ExitStack) -> Any:
+    """``safe_open`` one file for the whole load: it parses the header (once) and refuses a file
+    shorter than the header promises or a corrupt header, which we report with the file's name."""
+    try:
+        return stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+    except SafetensorError as exc:
+        raise CheckpointError(f"{file} is truncated or not a safetensors file ({exc})") from exc
 
 
-def inspect_checkpoint(model_dir: str | Path, config: ModelConfig) -> list[TensorInfo]:
-    """Check names, shapes and file sizes of the whole checkpoint; return what will be loaded."""
-    infos: dict[str, TensorInfo] = {}
-    for file in checkpoint_files(model_dir):
-        for name, info in read_header(file).items():
-            if name in infos:
-                raise CheckpointError(f"tensor {name!r} appears twice: in {infos[name].file.name} and {file.name}")
-            infos[name] = info
+def read_header(file: Path, f: Any) -> dict[str, TensorInfo]:
+    """Name, dtype and shape of every tensor of one file, from its open handle ``f``."""
+    slices = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118 (a safe_open handle is not iterable)
+    return {name: TensorInfo(name, file, s.get_dtype(), tuple(s.get_shape())) for name, s in slices.items()}
+
+
+@contextmanager
+def open_checkpoint(model_dir: str | Path, config: ModelConfig) -> Iterator[list[tuple[TensorInfo, Any]]]:
+    """Open every file of the checkpoint once and check names and shapes before a weight is read;
+    yields each tensor to load, with the handle of its file (``safe_open``'s, open until exit)."""
+    with ExitStack() as stack:
+        infos: dict[str, TensorInfo] = {}
+        handles = {}
+        for file in checkpoint_files(model_dir):
+            handles[file] = _open(file, stack)
+            for name, info in read_header(file, handles[file]).items():
+                if name in infos:
+                    raise CheckpointError(f"tensor {name!r} appears twice: in {infos[name].file.name} and {file.name}")
+                infos[name] = info
+        yield [(info, handles[info.file]) for info in check_tensors(model_dir, config, infos)]
+
+
+def check_tensors(model_dir: str | Path, config: ModelConfig, infos: dict[str, TensorInfo]) -> list[TensorInfo]:
+    """The tensors to load, in ``expected_tensors`` order, after checking names and shapes."""
     expected = expected_tensors(config)
     for name in list(infos):
         if name.endswith(_IGNORED_SUFFIXES) or name == "lm_head.weight" and config.tie_word_embeddings:
@@ -171,6 +167,12 @@ def inspect_checkpoint(model_dir: str | Path, config: ModelConfig) -> list[Tenso
     return [infos[name] for name in expected]
 
 
+def inspect_checkpoint(model_dir: str | Path, config: ModelConfig) -> list[TensorInfo]:
+    """Check names, shapes and file sizes of the whole checkpoint; return what will be loaded."""
+    with open_checkpoint(model_dir, config) as tensors:
+        return [info for info, _ in tensors]
+
+
 def iter_checkpoint(
     model_dir: str | Path,
     config: ModelConfig,
@@ -184,13 +186,14 @@ def iter_checkpoint(
     and copies each one where it belongs, then lets it go. ``read_part(name, f.get_slice(name))``,
     when given, reads what is wanted of each tensor instead of all of it (chapter 14).
     """
-    tensors = inspect_checkpoint(model_dir, config)
-    by_file: dict[Path, list[str]] = {}
-    for info in tensors:
-        by_file.setdefault(info.file, []).append(info.name)
-    with tqdm(total=len(tensors), desc="Loading weights", unit="tensor", disable=not show_progress, leave=False) as bar:
-        for file, names in by_file.items():
-            with safe_open(str(file), framework="pt", device="cpu") as f:
-                for name in names:
-                    yield name, f.get_tensor(name) if read_part is None else read_part(name, f.get_slice(name))
-                    bar.update(1)
+    with open_checkpoint(model_dir, config) as tensors:
+        # File by file, each in the order of the expected names.
+        first_seen = {file: i for i, file in enumerate(dict.fromkeys(info.file for info, _ in tensors))}
+        tensors.sort(key=lambda item: first_seen[item[0].file])
+        with tqdm(
+            total=len(tensors), desc="Loading weights", unit="tensor", disable=not show_progress, leave=False
+        ) as bar:
+            for info, f in tensors:
+                name = info.name
+                yield name, f.get_tensor(name) if read_part is None else read_part(name, f.get_slice(name))
+                bar.update(1)

@@ -8,6 +8,10 @@ No machine of this project (and no CI run) reaches a model hub. Two kinds of mod
 * **The tiny trained pair** (see ``scripts/train_tiny_pair.py`` and the appendix chapter),
   which shares this module's tokenizer builder.
 
+For the benchmarks that time random-weight models (the server's overhead, chapter 11; the
+engine's, chapter 12), the workload that goes with them: ``random_prompts``, and the options that
+size it (``add_random_prompt_arguments``).
+
 Every directory written here is a complete Hugging Face layout (``config.json``,
 ``model.safetensors``, tokenizer files with a chat template, ``generation_config.json``), so that
 ``transformers`` loads it exactly as mini-infer does, and tests can compare the two.
@@ -18,6 +22,7 @@ the same bytes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from collections.abc import Iterable, Sequence
@@ -275,6 +280,22 @@ def random_model_dir(shape: str, dtype: str, cache_dir: Path = RANDOM_MODELS_CAC
         print(f"writing a random-weight {shape} model to {path} (once)")
         write_random_model(path, shape, seed=0, dtype=dtype)
     return path
+
+
+def add_random_prompt_arguments(
+    parser: argparse.ArgumentParser, *, num_prompts: int, input_len: tuple[int, int], output_len: int
+) -> None:
+    """``--num-prompts``, ``--input-len LO HI`` and ``--output-len``, with the script's defaults."""
+    parser.add_argument("--num-prompts", type=int, default=num_prompts)
+    parser.add_argument("--input-len", type=int, nargs=2, default=list(input_len), metavar=("LO", "HI"))
+    parser.add_argument("--output-len", type=int, default=output_len)
+
+
+def random_prompts(vocab_size: int, num_prompts: int, input_len: Sequence[int], seed: int) -> list[list[int]]:
+    """``num_prompts`` lists of random token ids, each as long as a draw uniform in [lo, hi] (``input_len``)."""
+    rng = random.Random(seed)
+    lo, hi = input_len
+    return [[rng.randrange(vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(num_prompts)]
 
 
 def add_massive_activations(model_dir: str | Path, *, add_per_layer: float = 40000.0, key_bias: float = 30.0) -> Path:

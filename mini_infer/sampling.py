@@ -9,16 +9,20 @@ Chapter 06's engine decoded greedily. This module gives it everything else a req
   speculative decoding (chapter 10) verifies guesses against.
 * ``Sampler.__call__``: one token per row, on the device, without a host sync:
   penalties -> greedy rows take the argmax -> temperature -> top-k -> top-p -> min-p -> sample,
-  plus logprobs when a row asks for them.
+  plus logprobs when a row asks for them. Its stages are public for chapter 10's verification,
+  which samples from the same distributions with another rule: ``Sampler.rows`` checks the
+  arguments and applies the penalties, and the ``LogitRows`` it returns give the distributions
+  (``probs``), the race's draws (``exponentials``) and the output with its logprobs (``output``,
+  the one place they are computed).
 * ``Sampler.restrict``: what a request does to its logits before anything else, per row: its
   ``logit_bias``, its stops forbidden while it has fewer than ``min_tokens`` tokens, and the mask
   of its grammar (``structured_outputs``), which constrained decoding (chapter 09b) plugs in
   through the ``TokenMask`` protocol defined here. Rows of requests that ask for none of these
   are not touched, and a batch without any such request is not even copied.
 * ``Sampler.sample``: the engine's sample stage (chapter 06's ``TokenSampler``): ``restrict``,
-  then each sequence's rows through ``__call__``, one host sync, then ``greedy.accepted_prefix``
-  per sequence (greedy guesses are verified by comparison; sampled ones by chapter 10's
-  ``SpeculativeDecoder``).
+  then each sequence's rows through ``__call__`` (``step_arguments``), one host sync, then
+  ``greedy.accepted_prefix`` per sequence (greedy guesses are verified by comparison; sampled
+  ones by chapter 10's ``SpeculativeDecoder``, through ``rows``).
 
 Invariants:
 
@@ -59,6 +63,7 @@ from mini_infer.sampling_params import SamplingParams, make_generator
 from mini_infer.sequence import Sequence as Seq
 
 __all__ = [
+    "LogitRows",
     "Sampler",
     "TokenMask",
     "SamplerOutput",
@@ -70,7 +75,6 @@ __all__ = [
     "exponential_race",
     "make_generator",
     "probs_from_logits",
-    "sample_from_probs",
 ]
 
 
@@ -190,13 +194,6 @@ def exponential_race(probs: Tensor, exponentials: Tensor) -> Tensor:
     # student: end
 
 
-def sample_from_probs(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """Draw one token from each row of ``probs`` (``[..., V]``, rows need not be normalised):
-    one draw of ``probs.shape`` exponentials from ``generator``. For speculative verification."""
-    exponentials = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
-    return exponential_race(probs.to(torch.float32), exponentials)
-
-
 @dataclass(slots=True)
 class SamplerOutput:
     """One step's tokens, on the device until ``to_host``.
@@ -268,6 +265,66 @@ def _token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, device: t
     return counts[:, :vocab_size]
 
 
+# ``Sampler.__call__``'s arguments for one step's rows: logits, params, generators, token histories.
+RowArguments = tuple[
+    Tensor, list[SamplingParams], list[torch.Generator | None], list[list[int]] | None, list[list[int]] | None
+]
+
+
+@dataclass(slots=True)
+class LogitRows:
+    """Logit rows on their way to tokens (``Sampler.rows``): restricted and penalised, with each
+    row's params and generator. What a row is sampled from is ``probs()``; the race's draws are
+    ``exponentials()``; ``output`` adds the logprobs of the chosen tokens, when a row asks."""
+
+    logits: Tensor  # [N, V] float32, penalised (the model's own when every row is plain greedy)
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]  # a seeded row's own; None: ``shared``
+    shared: torch.Generator
+
+    def probs(self) -> Tensor:
+        return probs_from_logits(self.logits, self.params)
+
+    def exponentials(self) -> Tensor:
+        return Sampler.exponentials(self.logits.shape, self.params, self.generators, self.shared, self.logits.device)
+
+    def output(self, token_ids: Tensor, accepted: Tensor | None = None) -> SamplerOutput:
+        """The chosen tokens, with their logprobs and the top alternatives when a row asks (see
+        ``SamplerOutput``): the one place logprobs are computed."""
+        out = SamplerOutput(token_ids, num_logprobs=[p.logprobs for p in self.params], accepted=accepted)
+        asked = [p.logprobs for p in self.params if p.logprobs is not None]
+        if asked:
+            temperature = to_device(_temperatures(self.params), torch.float32, self.logits.device).unsqueeze(1)
+            logprobs = (self.logits / temperature).log_softmax(dim=-1)
+            out.logprobs = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+            top = logprobs.topk(min(max(asked), logprobs.shape[1]), dim=-1)
+            out.top_token_ids, out.top_logprobs = top.indices, top.values
+        return out
+
+
+def _penalised(
+    logits: Tensor,
+    params_list: Sequence[SamplingParams],
+    prompt_token_ids: Sequence[Sequence[int]],
+    output_token_ids: Sequence[Sequence[int]],
+) -> Tensor:
+    """``logits`` (float32) with each row's penalties applied."""
+    # Rows without penalties contribute no ids, so their counts stay zero and cost nothing.
+    # (A production engine keeps these counts on the device and updates them each step.)
+    vocab, device = logits.shape[1], logits.device
+    needs = [p.needs_penalties for p in params_list]
+    prompt = [ids if need else () for ids, need in zip(prompt_token_ids, needs, strict=True)]
+    output = [ids if need else () for ids, need in zip(output_token_ids, needs, strict=True)]
+    return apply_penalties(
+        logits,
+        _token_counts(prompt, vocab, device),
+        _token_counts(output, vocab, device),
+        to_device([p.repetition_penalty for p in params_list], torch.float32, device),
+        to_device([p.presence_penalty for p in params_list], torch.float32, device),
+        to_device([p.frequency_penalty for p in params_list], torch.float32, device),
+    )
+
+
 class TokenMask(Protocol):
     """What constrained decoding (chapter 09b's ``structured_output.StructuredOutputs``) gives the
     sampler: for every logit row of a request with ``structured_outputs``, the tokens its grammar
@@ -321,16 +378,24 @@ class Sampler:
             self.mask.check(params)
 
     # ----------------------------------------------------------------- the engine's stage
-    def sample(
-        self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: Tensor | None = None
-    ) -> list[SampledTokens]:
+    def sample(self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq]) -> list[SampledTokens]:
         """Each input's kept tokens (and logprobs when asked) from ``logits`` ``[rows, V]``."""
-        if draft_probs is not None:
-            raise ValueError(
-                "sampled guesses are verified by speculative.SpeculativeDecoder (chapter 10), not by Sampler"
-            )
-        out = self(self.restrict(logits, batch, seqs), *self.row_arguments(batch, seqs))
+        out = self(*self.step_arguments(logits, batch, seqs))
         return per_sequence(out.to_host(), batch)  # the step's one host sync
+
+    def step_arguments(self, logits: Tensor, batch: ForwardBatch, seqs: Sequence[Seq]) -> RowArguments:
+        """``__call__``'s (and ``rows``') arguments for the logit rows of ``batch``: the logits
+        after ``restrict``, each row's params and generator, and the token histories when a row
+        has a penalty."""
+        rows = [seq for seq, row_range in zip(seqs, batch.rows_of, strict=True) for _ in row_range]
+        penalties = any(s.params.needs_penalties for s in rows)
+        return (
+            self.restrict(logits, batch, seqs),
+            [s.params for s in rows],
+            [s.generator for s in rows],
+            [s.prompt_token_ids for s in rows] if penalties else None,
+            [s.output_token_ids for s in rows] if penalties else None,
+        )
 
     @torch.inference_mode()  # the model's logits are inference tensors, changed in place here
     def restrict(self, logits: Tensor, batch: ForwardBatch, seqs: Sequence[Seq]) -> Tensor:
@@ -364,21 +429,6 @@ class Sampler:
             self.mask.apply(logits, batch, seqs)
         return logits
 
-    @staticmethod
-    def row_arguments(
-        batch: ForwardBatch, seqs: Sequence[Seq]
-    ) -> tuple[list[SamplingParams], list[torch.Generator | None], list[list[int]] | None, list[list[int]] | None]:
-        """``__call__``'s per-row arguments for the logit rows of ``batch``: each row's params and
-        generator, and the token histories when a row has a penalty."""
-        rows = [seq for seq, row_range in zip(seqs, batch.rows_of, strict=True) for _ in row_range]
-        penalties = any(s.params.needs_penalties for s in rows)
-        return (
-            [s.params for s in rows],
-            [s.generator for s in rows],
-            [s.prompt_token_ids for s in rows] if penalties else None,
-            [s.output_token_ids for s in rows] if penalties else None,
-        )
-
     # ----------------------------------------------------------------- one token per row
     def __call__(
         self,
@@ -390,36 +440,28 @@ class Sampler:
         default_generator: torch.Generator | None = None,
     ) -> SamplerOutput:
         """Sample one token per row of ``logits`` ``[N, V]`` (any float dtype; cast to float32
-        unless every row is plain greedy).
+        unless every row is plain greedy); the arguments are those of ``rows``."""
+        rows = self.rows(logits, params_list, generators, prompt_token_ids, output_token_ids, default_generator)
+        if all(p.greedy for p in rows.params):
+            return rows.output(argmax_rows(rows.logits))
+        return rows.output(exponential_race(rows.probs(), rows.exponentials()))
 
-        ``generators[i]`` draws row i's randomness (required when ``params_list[i].seed`` is set;
-        None means the shared generator: ``default_generator`` or the sampler's own).
-        ``prompt_token_ids`` and ``output_token_ids`` (one list per row) are read only when some
-        row has a penalty.
-        """
-        gens, shared = self._check_call(logits, params_list, generators, default_generator)
-        if all(p.greedy and not p.needs_penalties and p.logprobs is None for p in params_list):
-            # The common greedy batch needs no float32 copy of the logits at all.
-            return SamplerOutput(argmax_rows(logits), num_logprobs=[None] * len(params_list))
-        logits = self.penalise(logits.to(torch.float32), params_list, prompt_token_ids, output_token_ids)
-        if all(p.greedy for p in params_list):
-            token_ids = argmax_rows(logits)
-        else:
-            probs = probs_from_logits(logits, params_list)
-            token_ids = exponential_race(
-                probs, self.exponentials(probs.shape, params_list, gens, shared, logits.device)
-            )
-        return self.with_logprobs(
-            SamplerOutput(token_ids, num_logprobs=[p.logprobs for p in params_list]), logits, params_list
-        )
-
-    def _check_call(
+    def rows(
         self,
         logits: Tensor,
         params_list: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None] | None,
-        default_generator: torch.Generator | None,
-    ) -> tuple[list[torch.Generator | None], torch.Generator]:
+        generators: Sequence[torch.Generator | None] | None = None,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        output_token_ids: Sequence[Sequence[int]] | None = None,
+        default_generator: torch.Generator | None = None,
+    ) -> LogitRows:
+        """The rows of ``logits`` ``[N, V]`` with their penalties applied, ready to be sampled.
+
+        ``generators[i]`` draws row i's randomness (required when ``params_list[i].seed`` is set;
+        None means the shared generator: ``default_generator`` or the sampler's own).
+        ``prompt_token_ids`` and ``output_token_ids`` (one list per row) are required, and read,
+        only when some row has a penalty.
+        """
         n = len(params_list)
         if logits.dim() != 2 or logits.shape[0] != n:
             raise ValueError(f"logits must be [N, V] with N = len(params_list) = {n}, got {tuple(logits.shape)}")
@@ -434,53 +476,19 @@ class Sampler:
         shared = default_generator if default_generator is not None else self.generator_for(logits.device)
         if shared.device.type != logits.device.type:
             raise ValueError(f"default_generator on {shared.device}, logits on {logits.device}")
-        return gens, shared
-
-    def with_logprobs(
-        self, output: SamplerOutput, logits: Tensor, params_list: Sequence[SamplingParams]
-    ) -> SamplerOutput:
-        """Add the logprobs of the chosen tokens and the top alternatives, when a row asks (see
-        ``SamplerOutput``); ``logits`` are the penalised float32 ones."""
-        asked = [p.logprobs for p in params_list if p.logprobs is not None]
-        if asked:
-            temperature = to_device(_temperatures(params_list), torch.float32, logits.device).unsqueeze(1)
-            logprobs = (logits / temperature).log_softmax(dim=-1)
-            output.logprobs = logprobs.gather(1, output.token_ids.unsqueeze(1)).squeeze(1)
-            top = logprobs.topk(min(max(asked), logprobs.shape[1]), dim=-1)
-            output.top_token_ids, output.top_logprobs = top.indices, top.values
-        return output
-
-    def penalise(
-        self,
-        logits: Tensor,
-        params_list: Sequence[SamplingParams],
-        prompt_token_ids: Sequence[Sequence[int]] | None,
-        output_token_ids: Sequence[Sequence[int]] | None,
-    ) -> Tensor:
-        """``logits`` (float32) with each row's penalties applied; unchanged when no row has any."""
-        if not any(p.needs_penalties for p in params_list):
-            return logits
-        n, vocab = logits.shape
-        if (
-            prompt_token_ids is None
-            or output_token_ids is None
-            or len(prompt_token_ids) != n
-            or len(output_token_ids) != n
-        ):
-            raise ValueError("a row has a penalty: pass prompt_token_ids and output_token_ids, one list per row")
-        # Rows without penalties contribute no ids, so their counts stay zero and cost nothing.
-        # (A production engine keeps these counts on the device and updates them each step.)
-        needs = [p.needs_penalties for p in params_list]
-        prompt = [ids if need else () for ids, need in zip(prompt_token_ids, needs, strict=True)]
-        output = [ids if need else () for ids, need in zip(output_token_ids, needs, strict=True)]
-        return apply_penalties(
-            logits,
-            _token_counts(prompt, vocab, logits.device),
-            _token_counts(output, vocab, logits.device),
-            to_device([p.repetition_penalty for p in params_list], torch.float32, logits.device),
-            to_device([p.presence_penalty for p in params_list], torch.float32, logits.device),
-            to_device([p.frequency_penalty for p in params_list], torch.float32, logits.device),
-        )
+        if all(p.greedy and not p.needs_penalties and p.logprobs is None for p in params_list):
+            # The common greedy batch needs no float32 copy of the logits at all.
+            return LogitRows(logits, list(params_list), gens, shared)
+        logits = logits.to(torch.float32)
+        if any(p.needs_penalties for p in params_list):
+            if (
+                prompt_token_ids is None
+                or output_token_ids is None
+                or not len(prompt_token_ids) == len(output_token_ids) == n
+            ):
+                raise ValueError("a row has a penalty: pass prompt_token_ids and output_token_ids, one list per row")
+            logits = _penalised(logits, params_list, prompt_token_ids, output_token_ids)
+        return LogitRows(logits, list(params_list), gens, shared)
 
     @staticmethod
     def exponentials(
@@ -515,12 +523,8 @@ def per_sequence(host: SamplerOutput, batch: ForwardBatch) -> list[SampledTokens
     kept = keep_per_sequence(batch, tokens, None if host.accepted is None else host.accepted.tolist())
     if host.logprobs is not None:
         # Requests with logprobs are never speculated (chapter 10): one row, one token each.
-        for sampled, rows, logprob in zip(kept, batch.rows_of, _row_logprobs(host, tokens, batch)):
-            if rows and logprob is not None:
+        per_row = host.to_token_logprobs(tokens)
+        for sampled, rows in zip(kept, batch.rows_of):
+            if rows and (logprob := per_row[rows.start]) is not None:
                 sampled.logprobs = [logprob]
     return kept
-
-
-def _row_logprobs(host: SamplerOutput, tokens: list[int], batch: ForwardBatch) -> list[TokenLogprob | None]:
-    per_row = host.to_token_logprobs(tokens)
-    return [per_row[rows.start] if rows else None for rows in batch.rows_of]

@@ -28,7 +28,12 @@ Everything of it lives here, in ``SpeculativeDecoder``, which plays three parts 
    same builder (chapter 05); a draft with a smaller padded vocabulary than the target reads the
    target's padding ids as id 0, mapped where its inputs are made.
 3. The ``TokenSampler``: ``sample`` verifies every sequence's guesses in one pass over the
-   target's logit rows (plain sampling is the case ``k = 0``), with one host sync.
+   target's logit rows (plain sampling is the case ``k = 0``), with one host sync. It is not a
+   sampler of its own: the target's rows, and the draft's, go through chapter 9's ``Sampler``
+   pipeline (``step_arguments``: restrict; ``rows``: penalties; ``LogitRows.probs``: the
+   distributions), and this module adds only the verdict, ``rejection_sample``. Greedy guesses
+   need no distributions and are verified by the ``Sampler`` itself (``greedy.accepted_prefix``);
+   the distributions of sampled ones stay here, from ``propose`` to the ``sample`` of that step.
 
 The draft keeps its own ``PagedKVCache`` with the same number of blocks, addressed by the *same*
 block tables: a block id means the same positions in both pools, so the scheduler's blocks,
@@ -47,7 +52,7 @@ Python): ``k`` host syncs a step, on top of the target's one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -59,14 +64,8 @@ from mini_infer.device import to_device
 from mini_infer.engine import Proposal
 from mini_infer.greedy import SampledTokens, argmax_rows
 from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
-from mini_infer.sampling import (
-    Sampler,
-    SamplerOutput,
-    TokenMask,
-    exponential_race,
-    per_sequence,
-    probs_from_logits,
-)
+from mini_infer.sampling import Sampler, SamplerOutput, exponential_race, per_sequence
+from mini_infer.sampling_params import SamplingParams
 from mini_infer.scheduler import SchedulerOutput
 from mini_infer.sequence import Sequence as Seq
 from mini_infer.tokenizer import Tokenizer
@@ -117,28 +116,28 @@ def check_draft_vocabulary(
         )
 
 
-class SpeculativeDecoder(Sampler):
-    """The draft model inside the engine's step, and the sampler that verifies it (see above)."""
+class SpeculativeDecoder:
+    """The draft model inside the engine's step, and the policy that verifies its guesses with
+    chapter 9's ``Sampler`` (see above)."""
 
     def __init__(
-        self,
-        draft_runner: ModelRunner,
-        num_speculative_tokens: int,
-        vocab_size: int,
-        seed: int | None = None,
-        *,
-        eos_token_ids: Iterable[int] = (),
-        mask: TokenMask | None = None,
+        self, draft_runner: ModelRunner, num_speculative_tokens: int, vocab_size: int, sampler: Sampler
     ) -> None:
-        super().__init__(seed, eos_token_ids=eos_token_ids, mask=mask)
         self.runner = draft_runner
         self.num_speculative_tokens = num_speculative_tokens
         # The target's vocabulary size. Checkpoints of one tokenizer may pad it differently
         # (Qwen2.5-0.5B has 151,936 rows, Qwen2.5-7B 152,064): the draft's distributions are
         # cut or zero-padded to the target's width, ids past the tokenizer being padding.
         self.vocab_size = vocab_size
+        self.sampler = sampler
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        # The distributions this step's sampled guesses were drawn from, laid out like the
+        # target's logit rows: made by ``propose``, used by the ``sample`` of the same step.
+        self._draft_probs: Tensor | None = None
+
+    def check(self, params: SamplingParams) -> None:
+        self.sampler.check(params)
 
     # ----------------------------------------------------------------- what the scheduler asks
     def num_draft_slots(self, seq: Seq) -> int:
@@ -153,6 +152,7 @@ class SpeculativeDecoder(Sampler):
         """Run the draft model: as many guesses for each scheduled sequence as its draft slots."""
         items = schedule.scheduled
         guesses: list[list[int]] = [[] for _ in items]
+        self._draft_probs = None  # this step's, if its guesses are sampled
         # Pass 1: every scheduled sequence, so that the draft's cache holds what the target's
         # will hold after this step (its own tokens, a lagging one too); logits for those that guess.
         catch_up = []
@@ -176,7 +176,9 @@ class SpeculativeDecoder(Sampler):
             for i, token in zip(active, tokens):
                 guesses[i].append(token)
             probs_per_pass.append((active, probs))
-        return Proposal(guesses, None if greedy else self._by_row(schedule, probs_per_pass))
+        if not greedy:
+            self._draft_probs = self._by_row(schedule, probs_per_pass)
+        return Proposal(guesses)
 
     def _input(self, seq: Seq, token_ids: Sequence[int], start: int, samples: bool = True) -> SequenceInput:
         # Ids past a smaller draft vocabulary are the target's padding: fed as 0, they only make
@@ -194,13 +196,9 @@ class SpeculativeDecoder(Sampler):
             logits = logits[:, : self.vocab_size].contiguous()  # never guess an id the target lacks
         if greedy:
             return argmax_rows(logits).tolist(), None
-        params = [s.params for s in seqs]
-        probs = probs_from_logits(logits.to(torch.float32), params)
-        device = probs.device
-        exponentials = self.exponentials(
-            probs.shape, params, [s.generator for s in seqs], self.generator_for(device), device
-        )
-        tokens = exponential_race(probs, exponentials).tolist()
+        rows = self.sampler.rows(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        probs = rows.probs()
+        tokens = exponential_race(probs, rows.exponentials()).tolist()
         return tokens, F.pad(probs, (0, self.vocab_size - probs.shape[1]))  # q = 0 where the draft has no row
 
     @staticmethod
@@ -220,14 +218,13 @@ class SpeculativeDecoder(Sampler):
         return out
 
     # ----------------------------------------------------------------- the target's verdict
-    def sample(
-        self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: Tensor | None = None
-    ) -> list[SampledTokens]:
+    def sample(self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq]) -> list[SampledTokens]:
         """The tokens each sequence keeps: its accepted guesses and one more. Updates every
         scheduled sequence's ``draft_lag`` and the acceptance counters (which count the target's
         verdicts, also on guesses that a stop then cuts off)."""
+        draft_probs, self._draft_probs = self._draft_probs, None
         if draft_probs is None:  # greedy guesses: kept while they equal the target's argmax
-            sampled = super().sample(logits, batch, seqs)
+            sampled = self.sampler.sample(logits, batch, seqs)
         else:
             sampled = per_sequence(self._verify_sampled(logits, batch, seqs, draft_probs).to_host(), batch)
         for seq, guesses, kept in zip(seqs, batch.draft_token_ids, sampled):
@@ -242,27 +239,26 @@ class SpeculativeDecoder(Sampler):
     def _verify_sampled(
         self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq], draft_probs: Tensor
     ) -> SamplerOutput:
-        """Rejection sampling over every logit row; rows without a guess draw from ``p``."""
-        params, generators, prompts, outputs = self.row_arguments(batch, seqs)
-        logits = self.restrict(logits, batch, seqs)  # a grammar's mask at every row: guesses it forbids are rejected
-        logits = self.penalise(logits.to(torch.float32), params, prompts, outputs)
-        probs = probs_from_logits(logits, params)
-        device = logits.device
+        """Rejection sampling over every logit row; rows without a guess draw from ``p``. The
+        target's rows go through the sampler's own pipeline (restrict, which applies a grammar's
+        mask at every row, so that a guess it forbids is rejected; penalties; probabilities)."""
+        rows = self.sampler.rows(*self.sampler.step_arguments(logits, batch, seqs))
+        device = rows.logits.device
         guesses = to_device(
-            [t for rows, g in zip(batch.rows_of, batch.draft_token_ids) if rows for t in (*g, 0)], torch.long, device
+            [t for rows_of, g in zip(batch.rows_of, batch.draft_token_ids) if rows_of for t in (*g, 0)],
+            torch.long,
+            device,
         )
         uniforms = self._uniforms(batch, seqs, device)
-        exponentials = self.exponentials(probs.shape, params, generators, self.generator_for(device), device)
-        accepted, recovered = rejection_sample(probs, draft_probs, guesses, uniforms, exponentials)
-        output = SamplerOutput(recovered, num_logprobs=[p.logprobs for p in params], accepted=accepted)
-        return self.with_logprobs(output, logits, params)
+        accepted, recovered = rejection_sample(rows.probs(), draft_probs, guesses, uniforms, rows.exponentials())
+        return rows.output(recovered, accepted)
 
     def _uniforms(self, batch: ForwardBatch, seqs: list[Seq], device: torch.device) -> Tensor:
         """One uniform per logit row: a seeded request's guesses from its own generator (``k``
         draws, whatever the batch), the others' from one shared draw. Greedy rows need none: their
         ratio is exactly 0 or 1, so any value in (0, 1) decides the same; bonus rows are never
         accepted."""
-        uniforms = torch.rand(batch.num_logits, device=device, generator=self.generator_for(device))
+        uniforms = torch.rand(batch.num_logits, device=device, generator=self.sampler.generator_for(device))
         for seq, rows, guesses in zip(seqs, batch.rows_of, batch.draft_token_ids):
             if rows and seq.params.greedy:
                 uniforms[rows.start : rows.stop] = 0.5

@@ -43,6 +43,34 @@ def test_sharded_checkpoint_is_read_across_files(model_dirs):
     assert len(inspect_checkpoint(sharded, config)) == len(expected_tensors(config))
 
 
+def test_each_header_is_parsed_once_per_load(model_dirs, monkeypatch):
+    """safe_open parses a file's header; the loader reads names and shapes from that same handle
+    and reads no header of its own."""
+    import pathlib
+
+    import mini_infer.loader as loader
+
+    sharded = model_dirs["sharded"]
+    opened: list[str] = []
+    real_safe_open, real_path_open = loader.safe_open, pathlib.Path.open
+
+    def counting_safe_open(path, *args, **kwargs):
+        opened.append(pathlib.Path(path).name)
+        return real_safe_open(path, *args, **kwargs)
+
+    def counting_path_open(self, *args, **kwargs):
+        opened.append(self.name)
+        return real_path_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "safe_open", counting_safe_open)
+    monkeypatch.setattr(pathlib.Path, "open", counting_path_open)
+    config = ModelConfig.from_model_dir(sharded)
+    names = [name for name, _ in iter_checkpoint(sharded, config, show_progress=False)]
+    assert sorted(names) == sorted(expected_tensors(config))
+    shards = [file.name for file in checkpoint_files(sharded)]
+    assert len(shards) > 1 and sorted(n for n in opened if n.endswith(".safetensors")) == sorted(shards)
+
+
 def test_missing_tensor_named(model_copy):
     _rewrite(model_copy, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*missing"):

@@ -70,6 +70,15 @@ def test_no_module_imports_a_later_chapter(module):
     assert not later, f"{module} (chapter {chapter_of(module):02d}) imports later chapters: {later}"
 
 
+def test_the_server_does_not_import_the_benchmarks():
+    """The server (chapter 11) runs without the benchmark scripts (chapter 12), whatever chapter
+    the first line of their shared module names."""
+    for module in MODULES:
+        if module.startswith("mini_infer.server."):
+            bench = sorted(m for m in imports_of(module) if m.startswith("mini_infer.bench"))
+            assert not bench, f"{module} imports the benchmarks: {bench}"
+
+
 def test_no_import_cycles():
     graph = {m: imports_of(m, runtime_only=True) for m in MODULES}
     state: dict[str, str] = {}

@@ -19,9 +19,9 @@ from mini_infer.sampling import (
     apply_penalties,
     apply_top_k,
     apply_top_p,
+    exponential_race,
     make_generator,
     probs_from_logits,
-    sample_from_probs,
 )
 from mini_infer.stop_strings import StopStringChecker
 from tests.conftest import TEST_DEVICE
@@ -400,11 +400,12 @@ def test_filtered_sampling_matches_probs_from_logits() -> None:
     assert (expected == 0).any()
 
 
-def test_sample_from_probs_matches_probs() -> None:
+def test_the_race_draws_from_probs_normalised_or_not() -> None:
     probs = torch.tensor([0.5, 0.0, 0.2, 0.3], device=DEVICE).expand(40_000, 4)
-    tokens = sample_from_probs(probs, make_generator(5, DEVICE))
+    exponentials = torch.empty(40_000, 4, device=DEVICE).exponential_(generator=make_generator(5, DEVICE))
+    tokens = exponential_race(probs, exponentials)
     assert (empirical(tokens, 4) - probs[0].cpu()).abs().max() < 0.012
-    unnormalised = sample_from_probs(probs * 7.0, make_generator(5, DEVICE))
+    unnormalised = exponential_race(probs * 7.0, exponentials)
     assert torch.equal(tokens, unnormalised)  # the race does not care about normalisation
 
 

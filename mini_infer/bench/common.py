@@ -1,8 +1,5 @@
-"""What the benchmark scripts share (chapters 10, 11 and 12).
+"""What the benchmark scripts share (chapters 10 and 12).
 
-* The random-prompt workload of ``offline`` and of ``mini_infer.server.bench_overhead``:
-  ``--num-prompts`` prompts of random token ids, their lengths uniform in ``--input-len LO HI``,
-  ``--output-len`` output tokens each (``add_random_prompt_arguments``, ``random_prompts``).
 * ``add_tensor_parallel_argument``: ``--tensor-parallel-size`` of the engine benchmarks (chapter 14),
   refused below 1 by ``tensor_parallel_size``.
 * ``ComparisonSetup``: device, dtype and ranks of the scripts that time two engines against each
@@ -15,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,22 +20,6 @@ from typing import Any
 import torch
 
 from mini_infer.device import resolve_device, resolve_dtype
-
-
-def add_random_prompt_arguments(
-    parser: argparse.ArgumentParser, *, num_prompts: int, input_len: tuple[int, int], output_len: int
-) -> None:
-    """``--num-prompts``, ``--input-len LO HI`` and ``--output-len``, with the script's defaults."""
-    parser.add_argument("--num-prompts", type=int, default=num_prompts)
-    parser.add_argument("--input-len", type=int, nargs=2, default=list(input_len), metavar=("LO", "HI"))
-    parser.add_argument("--output-len", type=int, default=output_len)
-
-
-def random_prompts(vocab_size: int, num_prompts: int, input_len: Sequence[int], seed: int) -> list[list[int]]:
-    """``num_prompts`` lists of random token ids, each as long as a draw uniform in [lo, hi] (``input_len``)."""
-    rng = random.Random(seed)
-    lo, hi = input_len
-    return [[rng.randrange(vocab_size) for _ in range(rng.randint(lo, hi))] for _ in range(num_prompts)]
 
 
 def add_tensor_parallel_argument(parser: argparse.ArgumentParser, help: str) -> None:

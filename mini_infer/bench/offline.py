@@ -33,16 +33,14 @@ from typing import Any
 import torch
 
 from mini_infer.bench.common import (
-    add_random_prompt_arguments,
     add_tensor_parallel_argument,
-    random_prompts,
     tensor_parallel_size,
     write_results,
 )
 from mini_infer.bench.roofline import Roofline, measure, median_roofline
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
-from mini_infer.offline_models import random_model_dir
+from mini_infer.offline_models import add_random_prompt_arguments, random_model_dir, random_prompts
 from mini_infer.sampling_params import SamplingParams
 
 TENSOR_PARALLEL_BENCH = "mini_infer.parallel.bench"

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from mini_infer.bench.common import random_prompts, write_results
+from mini_infer.bench.common import write_results
 from mini_infer.device import resolve_device, resolve_dtype
 from mini_infer.llm import LLM
-from mini_infer.offline_models import random_model_dir
+from mini_infer.offline_models import random_model_dir, random_prompts
 from mini_infer.parallel.workers import TensorParallelRunner
 from mini_infer.sampling_params import SamplingParams
 

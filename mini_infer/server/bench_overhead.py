@@ -35,9 +35,8 @@ from typing import Any
 import httpx
 import torch
 
-from mini_infer.bench.common import add_random_prompt_arguments, random_prompts
 from mini_infer.llm import LLM
-from mini_infer.offline_models import NAMED_SHAPES, random_model_dir
+from mini_infer.offline_models import NAMED_SHAPES, add_random_prompt_arguments, random_model_dir, random_prompts
 from mini_infer.sampling_params import SamplingParams
 from mini_infer.server.background import wait_until_healthy
 
