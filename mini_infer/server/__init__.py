@@ -17,8 +17,9 @@ The pieces, in the order a request meets them:
   ``bench_overhead``: the server's throughput against ``LLM.generate``.
 
 Invariants: the engine thread alone touches the engine; every request ends with its KV blocks
-freed (finished, aborted when its client leaves, or failed when the engine dies); nothing blocks
-the event loop.
+freed (finished, aborted when its client leaves, failed on its own (``mini_infer.faults``: a 500
+or an error event, the server going on), or failed when the engine dies); nothing blocks the event
+loop.
 """
 
 from __future__ import annotations

@@ -215,7 +215,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-        body = error_body(f"internal server error ({type(exc).__name__})", type="server_error", code="internal_error")
+        message = f"internal server error: {type(exc).__name__}: {exc}"[:500]  # the cause, named
+        body = error_body(message, type="server_error", code="internal_error")
         return json_response(body, 500)
 
     app.add_exception_handler(APIError, api_error)

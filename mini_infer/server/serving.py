@@ -36,6 +36,7 @@ from mini_infer.server.async_engine import (
     Choice,
     EngineInfo,
     EngineUnavailableError,
+    RequestFailedError,
     RequestRejectedError,
     RequestStream,
 )
@@ -74,6 +75,12 @@ def unavailable(reason: str) -> APIError:
     return APIError(503, reason, type="server_error", code="engine_unavailable")
 
 
+def internal_error(reason: str) -> APIError:
+    """A 500 for one request whose own work failed (a bug of ours or of a library); the server
+    goes on with the others."""
+    return APIError(500, reason, type="server_error", code="internal_error")
+
+
 class Call:
     """One completion request in flight, chat or plain: its choices' final outputs and the two
     ways to answer (one JSON body, or server-sent events). Endpoints subclass it: ``response``
@@ -100,6 +107,8 @@ class Call:
             disconnected, _ = await run_until_disconnect(request.receive, self.collect())
         except EngineUnavailableError as exc:  # the engine died while we waited
             raise unavailable(str(exc)) from None
+        except RequestFailedError as exc:  # this request alone
+            raise internal_error(str(exc)) from None
         finally:
             self.stream.abort()  # a no-op when every choice finished
         if disconnected:
@@ -125,9 +134,10 @@ class Call:
             if self.include_usage:
                 yield self.encoder.usage_chunk(self._usage())
             yield SSE_DONE
-        except EngineUnavailableError as exc:
+        except (EngineUnavailableError, RequestFailedError) as exc:
             # The response has begun (200 is sent): the error travels as one event.
-            yield sse(unavailable(str(exc)).body())
+            error = unavailable if isinstance(exc, EngineUnavailableError) else internal_error
+            yield sse(error(str(exc)).body())
             yield SSE_DONE
         finally:
             self.stream.abort()  # the client left (or the engine died): free its blocks now
@@ -202,6 +212,8 @@ class ServerState:
         try:
             return await self.engine.submit(choices, group)
         except RequestRejectedError as exc:
+            if exc.status >= 500:
+                raise internal_error(str(exc)) from None
             raise bad_request(
                 str(exc), code="context_length_exceeded" if "context length" in str(exc) else None
             ) from None
@@ -223,6 +235,8 @@ def check_grammars(parts: Sequence[tuple[StructuredOutputsParams, str]]) -> None
             check_grammar(spec, name=name)
         except ValueError as exc:
             raise bad_request(str(exc), param=name.split(".")[0]) from None
+        except Exception as exc:  # the grammar engine's failure, not the request's: a 500 naming it
+            raise internal_error(f"{name}: compiling the grammar failed: {type(exc).__name__}: {exc}") from None
 
 
 def resolve_max_tokens(
