@@ -55,6 +55,9 @@ from mini_infer.structured_output import check_grammar
 from mini_infer.tokenizer import Tokenizer
 
 T = TypeVar("T")
+# The largest grammar (a JSON Schema, a regex, a Lark grammar, the tools of a forced call) one
+# request may bring, in characters of its JSON: compiling one takes time in the tokenizer thread.
+MAX_GRAMMAR_CHARS = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -63,6 +66,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the name clients send as "model"; default: ``model``
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    cors_origins: tuple[str, ...] = ()  # web pages (origins) allowed to call the API from a browser
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig's other fields
     show_progress: bool = True
 
@@ -231,6 +235,12 @@ def check_grammars(parts: Sequence[tuple[StructuredOutputsParams, str]]) -> None
     """A 400 for the first grammar that does not compile, named (``tools.1.function.parameters``
     does not compile: ...). Runs in the tokenizer thread: a large schema takes a while."""
     for spec, name in parts:
+        size = len(json.dumps(getattr(spec, spec.kind)))
+        if size > MAX_GRAMMAR_CHARS:
+            raise bad_request(
+                f"{name} is {size} characters of JSON; this server accepts grammars of at most {MAX_GRAMMAR_CHARS}",
+                param=name.split(".")[0],
+            )
         try:
             check_grammar(spec, name=name)
         except ValueError as exc:
