@@ -235,7 +235,10 @@ class LLMEngine:
 
         When a step's sample stage raised, nothing of the step was kept: the scheduler has not
         counted its tokens as computed, so the other requests compute them again next step, and
-        the K/V this step wrote for them is written again, the same.
+        the K/V this step wrote for them is written again, the same. Their tokens are the same as
+        without the fault (the sampler raises before it draws), except that with a draft model
+        (chapter 10) a seeded request's guesses are drawn again: what it keeps is distributed the
+        same, not necessarily the same tokens.
         """
         logger.error("request %s failed: %s", error.request_id, error, exc_info=error.__cause__)
         self.scheduler.finish(self.outputs.requests[error.request_id].seq, "error")
