@@ -106,7 +106,7 @@ class Call:
         """Answer: a stream (whose generator aborts the request when it ends), or the whole
         response once every choice finished; a client that leaves first frees its blocks."""
         if streaming:
-            return EventStreamResponse(self.events())
+            return EventStreamResponse(self._events_or_failure())
         try:
             disconnected, _ = await run_until_disconnect(request.receive, self.collect())
         except EngineUnavailableError as exc:  # the engine died while we waited
@@ -138,14 +138,24 @@ class Call:
             if self.include_usage:
                 yield self.encoder.usage_chunk(self._usage())
             yield SSE_DONE
-        except (EngineUnavailableError, RequestFailedError) as exc:
+        except EngineUnavailableError as exc:
             # The response has begun (200 is sent): the error travels as one event.
-            error = unavailable if isinstance(exc, EngineUnavailableError) else internal_error
-            yield sse(error(str(exc)).body())
+            yield sse(unavailable(str(exc)).body())
             yield SSE_DONE
         finally:
             self.stream.abort()  # the client left (or the engine died): free its blocks now
         # student: end
+
+    async def _events_or_failure(self) -> AsyncGenerator[str, None]:
+        """``events``; when a request of the call failed on its own (``RequestFailedError``), one
+        error event naming the cause, then ``[DONE]`` (``events`` has aborted the others)."""
+        try:
+            async with aclosing(self.events()) as events:
+                async for event in events:
+                    yield event
+        except RequestFailedError as exc:
+            yield sse(internal_error(str(exc)).body())
+            yield SSE_DONE
 
     def _choice_chunks(self) -> AsyncGenerator[str, None]:
         """The chunks of choices, until every choice finished (filling ``finals``)."""
