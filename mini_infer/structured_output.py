@@ -40,6 +40,9 @@ Invariants:
   device without waiting (pinned memory on CUDA).
 * **Logprobs** (chapter 09) of a constrained request are those of the masked distribution: a
   token the grammar forbids has logprob -inf.
+* **A grammar's failure is its request's alone**: when compiling or advancing a sequence's grammar
+  raises (llguidance's ``TypeError`` included), ``state_of`` raises ``faults.RequestError`` naming
+  that sequence; the engine fails that request and the others compute the step again.
 * **A row always allows a token**: a matcher in an error state (llguidance's parser limits, or a
   token it was made to consume against its mask) allows only end-of-sequence, which ends the
   request instead of sampling from a row of -inf.
