@@ -23,6 +23,11 @@ here or in the scheduler: the prefix cache (chapter 08, given to the scheduler),
 ``Drafter`` (chapter 10). ``engine_builder.build_engine`` assembles all of them from an
 ``EngineConfig``.
 
+A fault stays with its request (``faults``): an exception in one request's own work (its
+admission, its grammar, its detokenization, stop checks or output) finishes it alone, with
+``finish_reason`` ``"error"``, and frees its blocks; one that can have corrupted what requests share
+(a failed forward pass, out of memory, a dead tensor-parallel worker) goes on up to the caller.
+
 ``check_health`` raises when a part of the engine has died and ``close`` releases what would
 outlive it: with tensor parallelism (chapter 14), the runner's worker processes.
 
@@ -34,6 +39,7 @@ sequence.
 from __future__ import annotations
 
 import itertools
+import logging
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +47,8 @@ from typing import Any, Protocol
 
 import torch
 
+from mini_infer import faults
+from mini_infer.faults import RequestError
 from mini_infer.greedy import GreedySampler, SampledTokens
 from mini_infer.model_runner import ForwardBatch, ModelRunner
 from mini_infer.output_processor import OutputProcessor
@@ -49,6 +57,8 @@ from mini_infer.sampling_params import SamplingParams, make_generator
 from mini_infer.scheduler import Scheduler, SchedulerOutput
 from mini_infer.sequence import Sequence as Seq
 from mini_infer.tokenizer import Tokenizer
+
+logger = logging.getLogger("mini_infer.engine")
 
 
 def is_token_id(t: object) -> bool:
@@ -163,10 +173,15 @@ class LLMEngine:
             parent = self.outputs.requests[fork_of].seq
             if parent.prompt_token_ids != token_ids:
                 raise ValueError(f"a fork must have the same prompt as request {fork_of!r}")
+        faults.hit("admission", request_id)
         generator = make_generator(params.seed, self.device) if params.seed is not None else None
         seq = Seq(request_id, token_ids, params, arrival=next(self._arrivals), generator=generator, parent=parent)
         self.scheduler.add(seq)  # raises RequestTooLongError for a request that can never fit
-        self.outputs.add(seq, prompt if isinstance(prompt, str) else None)
+        try:
+            self.outputs.add(seq, prompt if isinstance(prompt, str) else None)
+        except BaseException:
+            self.scheduler.finish(seq, "abort")  # a refused request leaves nothing behind
+            raise
         return request_id
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -175,7 +190,7 @@ class LLMEngine:
         if state is None:
             return None
         self.scheduler.finish(state.seq, "abort")
-        return self.outputs.output(request_id)
+        return self._output(state.seq)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -190,7 +205,10 @@ class LLMEngine:
         proposal = self.drafter.propose(schedule) if self.drafter is not None else Proposal([[] for _ in scheduled])
         batch = self.runner.prepare([item.input(drafts) for item, drafts in zip(scheduled, proposal.token_ids)])
         logits = self.runner.execute(batch)
-        sampled = self.sampler.sample(logits, batch, seqs)
+        try:
+            sampled = self.sampler.sample(logits, batch, seqs)
+        except RequestError as error:  # one request's own work (its grammar): it alone fails,
+            return [self._fail(error)]  # and the others compute this step again
         kept = [self.outputs.take(seq, tokens) for seq, tokens in zip(seqs, sampled)]
         self.scheduler.update(scheduled, kept)
         self.num_steps += 1
@@ -201,7 +219,27 @@ class LLMEngine:
             reason = self.outputs.requests[seq.request_id].finish_reason
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-        return [self.outputs.output(seq.request_id) for seq in progressed]
+        return [self._output(seq) for seq in progressed]
+
+    def _output(self, seq: Seq) -> RequestOutput:
+        try:
+            return self.outputs.output(seq.request_id)
+        except Exception as exc:  # building this request's output failed: it alone fails
+            return self._fail(RequestError(seq.request_id, "building its output", exc))
+
+    def _fail(self, error: RequestError) -> RequestOutput:
+        """Finish a request whose own work raised (``faults``), free its blocks, and say why.
+
+        When a step's sample stage raised, nothing of the step was kept: the scheduler has not
+        counted its tokens as computed, so the other requests compute them again next step, and
+        the K/V this step wrote for them is written again, the same. Their tokens are the same as
+        without the fault (the sampler raises before it draws), except that with a draft model
+        (chapter 10) a seeded request's guesses are drawn again: what it keeps is distributed the
+        same, not necessarily the same tokens.
+        """
+        logger.error("request %s failed: %s", error.request_id, error, exc_info=error.__cause__)
+        self.scheduler.finish(self.outputs.requests[error.request_id].seq, "error")
+        return self.outputs.fail(error.request_id, str(error))
 
     def check_health(self) -> None:
         """Raise when a part of the engine has died (a tensor-parallel worker, chapter 14)."""
@@ -226,6 +264,7 @@ class LLMEngine:
             "num_waiting": len(s.waiting),
             "steps": self.num_steps,
             "finished_requests": counters["finished_requests"],
+            "failed_requests": counters["failed_requests"],  # finished with an error of their own
             # Speculative decoding (chapter 10): guesses verified, and how many were kept.
             "num_draft_tokens": drafter.num_draft_tokens if drafter is not None else 0,
             "num_accepted_draft_tokens": drafter.num_accepted_tokens if drafter is not None else 0,

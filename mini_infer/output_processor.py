@@ -10,19 +10,26 @@ holds for every sequence, finished ones included. ``output`` then builds the req
 
 Text is streamed without ever cutting a character (``IncrementalDetokenizer``, chapter 01) or
 showing a stop string (``StopStringChecker``); an EOS or stop token's text is not part of the
-answer, and other special tokens' text only with ``skip_special_tokens=False``. The counters (tokens in and out, finished requests) are the engine's statistics.
+answer, and other special tokens' text only with ``skip_special_tokens=False``. The counters (tokens in and out, finished and failed requests) are the engine's statistics.
+
+A fault stays with its request (``faults``): when detokenizing or checking stops raises, the
+token is kept, the request finishes with ``"error"`` and ``output`` says what was raised.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from mini_infer import faults
 from mini_infer.greedy import SampledTokens
 from mini_infer.outputs import RequestOutput, TokenLogprob
 from mini_infer.sequence import Sequence
 from mini_infer.stop_strings import StopStringChecker
 from mini_infer.tokenizer import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger("mini_infer.engine")
 
 
 @dataclass(slots=True)
@@ -38,6 +45,7 @@ class RequestState:
     finish_reason: str | None = None  # found by ``take``; the engine finishes the sequence
     new_token_ids: list[int] = field(default_factory=list)  # since the last output
     new_text: str = ""
+    error: str | None = None  # with finish_reason "error": what its own work raised (``faults``)
 
 
 class OutputProcessor:
@@ -45,7 +53,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.requests: dict[str, RequestState] = {}
-        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "finished_requests": 0}
+        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "finished_requests": 0, "failed_requests": 0}
 
     def add(self, seq: Sequence, prompt: str | None) -> None:
         params = seq.params
@@ -70,14 +78,25 @@ class OutputProcessor:
         return kept
 
     def _check(self, state: RequestState, token: int, num_output_tokens: int) -> str | None:
-        """Detokenize one new token; why the request finishes with it (None: it goes on)."""
+        """Detokenize one new token; why the request finishes with it (None: it goes on), or
+        ``"error"`` when detokenizing or checking stops raised: that request alone fails."""
+        try:
+            return self._stop_of(state, token, num_output_tokens)
+        except Exception as exc:
+            logger.error("request %s: detokenizing or checking stops failed", state.seq.request_id, exc_info=exc)
+            state.error = f"detokenizing or checking stops failed: {type(exc).__name__}: {exc}"
+            return "error"
+
+    def _stop_of(self, state: RequestState, token: int, num_output_tokens: int) -> str | None:
         params, seq = state.seq.params, state.seq
+        faults.hit("stop_check", seq.request_id)
         may_stop = num_output_tokens > params.min_tokens
         if token in self.eos_token_ids and not params.ignore_eos and may_stop:
             reason: str | None = "stop"  # EOS ends the turn; its text is not part of the answer
         elif token in params.stop_token_ids and may_stop:
             reason, seq.stop_reason = "stop", token
         else:
+            faults.hit("detokenize", seq.request_id)
             reason, piece = None, state.detokenizer.push([token])
             if state.stop_checker is not None and piece and may_stop:
                 piece, hit = state.stop_checker.push(piece)
@@ -100,6 +119,7 @@ class OutputProcessor:
         forgotten."""
         state = self.requests[request_id]
         seq = state.seq
+        faults.hit("output", request_id)
         state.text += state.new_text
         out = RequestOutput(
             request_id=seq.request_id,
@@ -114,9 +134,20 @@ class OutputProcessor:
             new_text=state.new_text,
             logprobs=None if state.logprobs is None else list(state.logprobs),
             num_cached_tokens=seq.num_cached_prompt_tokens,
+            error=state.error,
         )
         state.new_token_ids, state.new_text = [], ""
         if seq.is_finished:
             del self.requests[request_id]
-            self.counters["finished_requests"] += seq.finish_reason != "abort"
+            self.counters["finished_requests"] += seq.finish_reason not in ("abort", "error")
+            self.counters["failed_requests"] += seq.finish_reason == "error"
         return out
+
+    def fail(self, request_id: str, error: str) -> RequestOutput:
+        """The last output of a request whose own work raised, built from its sequence alone (its
+        detokenizer may be what failed); the request is forgotten."""
+        seq = self.requests.pop(request_id).seq
+        self.counters["failed_requests"] += 1
+        return RequestOutput(
+            request_id, None, seq.prompt_token_ids, list(seq.output_token_ids), "", True, "error", error=error
+        )

@@ -3,7 +3,8 @@
 ``RequestOutput`` follows vLLM's shape: cumulative ``token_ids`` and ``text`` of the generated
 part, plus the piece that is new since the last output (``new_token_ids``, ``new_text``) for
 streaming. ``finish_reason`` is ``None`` while running, then ``"stop"`` (EOS, a stop token or a
-stop string), ``"length"`` (``max_tokens`` reached) or ``"abort"``.
+stop string), ``"length"`` (``max_tokens`` reached), ``"abort"``, or ``"error"``: the request's own
+work raised (``faults``), and ``error`` says what.
 """
 
 from __future__ import annotations
@@ -32,3 +33,4 @@ class RequestOutput:
     new_text: str = ""
     logprobs: list[TokenLogprob] | None = None
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    error: str | None = None  # with finish_reason "error": the stage and the exception

@@ -40,6 +40,9 @@ Invariants:
   device without waiting (pinned memory on CUDA).
 * **Logprobs** (chapter 09) of a constrained request are those of the masked distribution: a
   token the grammar forbids has logprob -inf.
+* **A grammar's failure is its request's alone**: when compiling or advancing a sequence's grammar
+  raises (llguidance's ``TypeError`` included), ``state_of`` raises ``faults.RequestError`` naming
+  that sequence; the engine fails that request and the others compute the step again.
 * **A row always allows a token**: a matcher in an error state (llguidance's parser limits, or a
   token it was made to consume against its mask) allows only end-of-sequence, which ends the
   request instead of sampling from a row of -inf.
@@ -63,6 +66,7 @@ import llguidance.hf
 import torch
 from torch import Tensor
 
+from mini_infer import faults
 from mini_infer.model_runner import ForwardBatch
 from mini_infer.sampling_params import SamplingParams, StructuredOutputsParams
 from mini_infer.sequence import Sequence as Seq
@@ -237,6 +241,7 @@ class StructuredOutputs:
         key = spec_key(spec)
         compiled = self._compiled.get(key)
         if compiled is None:
+            faults.hit("grammar_compile")
             compiled = llguidance.LLMatcher(self.ll_tokenizer, check_grammar(spec, self.ll_tokenizer), log_level=0)
             if compiled.is_error():
                 raise ValueError(f"structured_outputs.{spec.kind} does not compile: {_short(compiled.get_error())}")
@@ -278,13 +283,22 @@ class StructuredOutputs:
         return row[0]
 
     def state_of(self, seq: Seq) -> GrammarState:
-        """``seq``'s grammar state, advanced over the tokens it has kept since the last step."""
+        """``seq``'s grammar state, advanced over the tokens it has kept since the last step.
+        Raises ``faults.RequestError`` naming ``seq`` when compiling or advancing its grammar
+        raises: the engine fails that request alone."""
+        try:
+            return self._advanced(seq)
+        except Exception as exc:  # llguidance's or ours, of this request alone
+            raise faults.RequestError(seq.request_id, "its grammar", exc) from exc
+
+    def _advanced(self, seq: Seq) -> GrammarState:
         state = seq.grammar_state
         if state is None:
             assert seq.params.structured_outputs is not None
             state = seq.grammar_state = GrammarState(self.matcher_for(seq.params.structured_outputs))
         new = seq.token_ids[seq.num_prompt_tokens + state.num_consumed :]
         if new:
+            faults.hit("grammar_advance", seq.request_id)
             if not state.matcher.consume_tokens(new):
                 logger.warning("%s: a kept token breaks its grammar: %s", seq.request_id, state.matcher.get_error())
             state.num_consumed += len(new)

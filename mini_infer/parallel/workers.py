@@ -29,8 +29,10 @@ The model's collectives keep the ranks in step; every rank ends with the logits;
 Lifecycle: ``close`` (from ``LLM.close``, the engine's ``close``, the server's stop, or garbage
 collection through ``weakref.finalize``) tells the workers to stop, joins them, ends those that do
 not leave, destroys the process groups and gives rank 0 its CPU threads back. A worker that dies
-fails the next step, or the collective it was in, with ``WorkerDiedError`` naming it; nothing
-waits on a dead worker. A worker whose rank 0 has gone sees its control group fail, and a watchdog
+fails the next step, or the collective it was in, with ``WorkerDiedError`` naming it and its own
+error (a spawned worker writes it to the store as it dies); one that died before running any of
+this module failed in re-running the main module, and the error says that a script must build a
+tensor-parallel ``LLM`` under ``if __name__ == "__main__":``. Nothing waits on a dead worker. A worker whose rank 0 has gone sees its control group fail, and a watchdog
 thread ends it if its parent process is gone.
 
 Under ``torchrun`` (``__main__``) every rank is started by ``torchrun``, on one machine or several:
@@ -40,9 +42,12 @@ rank 0 runs a ``mini-infer`` command and sends the workers what to build instead
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
+import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from contextlib import suppress
@@ -58,6 +63,7 @@ import torch.multiprocessing as mp
 
 from mini_infer.config import ModelConfig
 from mini_infer.engine_builder import EngineConfig, ResolvedModels, load_model, size_kv_pool
+from mini_infer.faults import WORKER_FAULT_ENV
 from mini_infer.kv.paged_attention import PagedKVCache
 from mini_infer.model import Qwen2Model, shard_config
 from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
@@ -141,6 +147,8 @@ def launch(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
     (see the module docstring)."""
     model_dir, draft_dir, dtype, device = resolved.model_dir, resolved.draft_dir, resolved.dtype, resolved.device
     size = config.tensor_parallel_size
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(f"a spawned tensor-parallel worker re-ran the main module, which builds one: {_GUARD}")
     _refuse_what_cannot_work(config, ModelConfig.from_model_dir(model_dir), device)
     threads = torch.get_num_threads()
     spec = RankSpec(config, model_dir, dtype, device, resolved.max_model_len, max(1, threads // size))
@@ -167,7 +175,7 @@ def launch(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
         for process in processes:
             process.daemon = True
             process.start()
-        workers = Workers(processes, owns_world=True, threads_before=threads)
+        workers = Workers(processes, owns_world=True, threads_before=threads, store=store)
     try:
         if store is None:  # torchrun: the workers learn what to build from rank 0
             workers.control = _join(device, 0, size, None)
@@ -225,8 +233,16 @@ class Workers:
     """Ranks 1..N-1 as rank 0 sees them: their processes (none under torchrun), the control group,
     the first failure, and how they end."""
 
-    def __init__(self, processes: list[BaseProcess], *, owns_world: bool, threads_before: int | None) -> None:
+    def __init__(
+        self,
+        processes: list[BaseProcess],
+        *,
+        owns_world: bool,
+        threads_before: int | None,
+        store: dist.Store | None = None,
+    ) -> None:
         self.processes = processes
+        self.store = store  # where spawned workers say that they started, and why they failed
         self.owns_world = owns_world  # rank 0 made the process groups (not torchrun): it destroys them
         self.threads_before = threads_before
         self.control: dist.ProcessGroup | None = None
@@ -243,12 +259,22 @@ class Workers:
         if self.error is None:
             for rank, process in enumerate(self.processes, start=1):
                 if not process.is_alive():
-                    self.error = (
-                        f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
-                    )
+                    self.error = self._death_of(rank, process)
                     break
         if self.error is not None:
             raise WorkerDiedError(f"{self.error}; this engine cannot run any more: close it and build a new one")
+
+    def _death_of(self, rank: int, process: BaseProcess) -> str:
+        """A dead worker, with its own error when it told the store one, or why it never started."""
+        died = f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
+        if self.store is None:
+            return died
+        with suppress(Exception):  # the store is rank 0's: it answers unless rank 0 is closing
+            if self.store.check([f"error/{rank}"]):
+                return f"{died}: {self.store.get(f'error/{rank}').decode()}"
+            if not self.store.check([f"started/{rank}"]):
+                return f"{died} before it started: {_why_not_started()}"
+        return died
 
     def failed(self, exc: BaseException) -> WorkerDiedError:
         """Record a failure (a dead worker, if one explains it) and return the error to raise."""
@@ -340,14 +366,57 @@ def _spawned_worker(rank: int, size: int, port: int, spec: RankSpec) -> None:
     """A spawned worker's life: load its shard, join the groups, serve steps until told to stop."""
     _exit_with_parent()
     store = dist.TCPStore("127.0.0.1", port, size, False, timeout=COLLECTIVE_TIMEOUT)
-    if spec.device.type == "cpu":
-        torch.set_num_threads(spec.num_threads)
-    model, group = _load(spec, rank, size)
-    store.set(f"loaded/{rank}", "1")
-    control = _join(spec.device, rank, size, store)
-    (cache,) = _allocate_kv_caches(spec, [model], control)
-    _serve(ModelRunner(model, cache), group, control)
+    store.set(f"started/{rank}", "1")
+    try:
+        if spec.device.type == "cpu":
+            torch.set_num_threads(spec.num_threads)
+        model, group = _load(spec, rank, size)
+        store.set(f"loaded/{rank}", "1")
+        control = _join(spec.device, rank, size, store)
+        (cache,) = _allocate_kv_caches(spec, [model], control)
+        runner = ModelRunner(model, cache)
+        if os.environ.get(WORKER_FAULT_ENV):  # a test's injected fault (``faults``)
+            runner.execute = _failing_at(int(os.environ[WORKER_FAULT_ENV]), runner.execute)  # type: ignore[method-assign,assignment]
+        _serve(runner, group, control)
+    except BaseException as exc:
+        with suppress(Exception):  # rank 0 reads it when it sees this process gone
+            store.set(f"error/{rank}", _summary(exc))
+        raise
     dist.destroy_process_group()
+
+
+_GUARD = (
+    "spawned workers re-run the main module, as in any spawn-based Python program (vLLM documents the same): "
+    'a script must build a tensor-parallel LLM under `if __name__ == "__main__":`'
+)
+
+
+def _why_not_started() -> str:
+    """Why a worker died before running any of this module: it failed in re-running the main module."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path is not None and not os.path.exists(path):
+        return f"the main module was read from {path}, which a spawned worker cannot read again: save it to a file; {_GUARD}"
+    return f"it failed while re-running the main module {path or ''} (its traceback is on stderr); {_GUARD}"
+
+
+def _summary(exc: BaseException) -> str:
+    """An exception in a line: its type, message and where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}: {exc}"[:1000] + where
+
+
+def _failing_at(step: int, execute: Callable[[ForwardBatch], torch.Tensor]) -> Callable[[ForwardBatch], torch.Tensor]:
+    count = 0
+
+    def failing(batch: ForwardBatch) -> torch.Tensor:
+        nonlocal count
+        count += 1
+        if count == step:
+            raise RuntimeError(f"injected fault in a worker's step {step}")
+        return execute(batch)
+
+    return failing
 
 
 def _exit_with_parent() -> None:

@@ -14,11 +14,13 @@ The pieces, in the order a request meets them:
 * ``async_engine``: the one thread that owns the ``LLMEngine``, and the queues to it;
 * ``metrics``: Prometheus metrics with vLLM's names;
 * ``cli``: ``mini-infer serve``; ``background``: a server in a thread, for tests and notebooks;
-  ``bench_overhead``: the server's throughput against ``LLM.generate``.
+  ``bench_overhead``: the server's throughput against ``LLM.generate``; ``soak``: a bounded,
+  seeded soak of a live server on 127.0.0.1, with injected faults and end checks.
 
 Invariants: the engine thread alone touches the engine; every request ends with its KV blocks
-freed (finished, aborted when its client leaves, or failed when the engine dies); nothing blocks
-the event loop.
+freed (finished, aborted when its client leaves, failed on its own (``mini_infer.faults``: a 500
+or an error event, the server going on), or failed when the engine dies); nothing blocks the event
+loop.
 """
 
 from __future__ import annotations

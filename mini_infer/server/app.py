@@ -31,6 +31,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -99,6 +100,13 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], LLMEngine] | No
     _install_error_handlers(app)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    if config.cors_origins:  # off unless asked for; added last, so preflights need no API key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
 
     async def body_of(request: Request) -> dict[str, Any]:
         return await read_json_body(request, config.max_body_bytes)
@@ -215,7 +223,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-        body = error_body(f"internal server error ({type(exc).__name__})", type="server_error", code="internal_error")
+        message = f"internal server error: {type(exc).__name__}: {exc}"[:500]  # the cause, named
+        body = error_body(message, type="server_error", code="internal_error")
         return json_response(body, 500)
 
     app.add_exception_handler(APIError, api_error)

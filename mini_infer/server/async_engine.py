@@ -20,6 +20,11 @@ Invariants:
 * Every request ends, and its KV blocks are freed: the engine finishes it (stop, length); its
   handler aborts it when the client goes away (``RequestStream.abort``, called from the
   handler's ``finally``); or the engine dies and every waiting stream gets an error.
+* A fault stays with its request (``faults``): an exception while adding one refuses that call
+  alone (a 400 for a ValueError, the request's fault; a 500 naming the cause for any other); one
+  in a request's own work inside a step reaches its stream as an output with ``finish_reason``
+  ``"error"`` (``RequestFailedError``). Only an exception of the engine loop itself (a forward
+  pass, out of memory, a dead worker) kills the engine (``why_the_engine_failed``).
 * When no request is in flight the engine thread sleeps in its queue's ``get()``: no busy loop.
   It wakes every ``HEALTH_CHECK_INTERVAL_S`` to ask the engine whether it is still whole (a
   tensor-parallel worker may die while the server idles, chapter 14): a dead part kills the
@@ -45,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import torch
+
 from mini_infer.engine import LLMEngine
 from mini_infer.outputs import RequestOutput
 from mini_infer.sampling_params import SamplingParams
@@ -68,7 +75,17 @@ class EngineUnavailableError(RuntimeError):
 
 
 class RequestRejectedError(ValueError):
-    """The engine refused a submission (``add_request`` raised ValueError)."""
+    """The engine refused a submission: ``add_request`` raised ValueError (a bad request,
+    ``status`` 400) or another exception (a bug of ours, or of a library: 500, naming it)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RequestFailedError(RuntimeError):
+    """One engine request of the call failed on its own (its grammar, its detokenization: see
+    ``faults``); the engine goes on with the others. The message names the cause."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +158,7 @@ class _Accepted:
 class _Rejected:
     group: str
     message: str
+    status: int = 400
 
 
 @dataclass(slots=True)
@@ -172,7 +190,7 @@ class RequestStream:
     async def _wait_accepted(self) -> None:
         event = await self._queue.get()
         if isinstance(event, _Rejected):
-            raise RequestRejectedError(event.message)
+            raise RequestRejectedError(event.message, event.status)
         if isinstance(event, _Failed):
             raise EngineUnavailableError(event.message)
 
@@ -180,7 +198,8 @@ class RequestStream:
         """Wait for at least one output, then take all that are already here.
 
         A client that fell behind catches up with one chunk instead of one per token. Raises
-        ``EngineUnavailableError`` when the engine died meanwhile.
+        ``EngineUnavailableError`` when the engine died meanwhile, and ``RequestFailedError`` when
+        one of the call's requests failed on its own.
         """
         items = [await self._queue.get()]
         while True:
@@ -197,6 +216,8 @@ class RequestStream:
                 if item[1].finished:
                     # Counted when taken, not when delivered: ``finished`` means "all read".
                     self._unfinished.discard(item[0])
+                if item[1].finish_reason == "error":
+                    raise RequestFailedError(item[1].error or "the request failed")
                 batch.append(item)
         return batch
 
@@ -387,7 +408,7 @@ class AsyncEngine:
             self._thread_dead.set()
         except BaseException as exc:
             logger.exception("the engine loop failed; the server is now dead")
-            self._die(f"the engine failed: {type(exc).__name__}: {exc}")
+            self._die(why_the_engine_failed(exc))
         else:
             self._die("the server is shutting down")
         finally:
@@ -429,10 +450,15 @@ class AsyncEngine:
                     fork_of = None if choice.fork_of is None else command.request_ids[choice.fork_of]
                     engine.add_request(choice.prompt_token_ids, choice.params, request_id, fork_of=fork_of)
                     added.append(request_id)
-            except ValueError as exc:  # includes RequestTooLongError
+            except Exception as exc:  # this call's alone: the engine goes on
                 for request_id in added:
                     engine.abort_request(request_id)
-                events.append(_Rejected(command.group, str(exc)))
+                if isinstance(exc, ValueError):  # includes RequestTooLongError: the request's fault
+                    events.append(_Rejected(command.group, str(exc)))
+                else:
+                    logger.exception("adding request %s failed", command.group)
+                    message = f"adding the request failed: {type(exc).__name__}: {exc}"
+                    events.append(_Rejected(command.group, message, 500))
             else:
                 events.append(_Accepted(command.group))
         elif isinstance(command, _Abort):
@@ -464,6 +490,25 @@ class AsyncEngine:
 
 class _LoopClosed(Exception):
     pass
+
+
+def why_the_engine_failed(exc: BaseException) -> str:
+    """What ``/health`` and every request in flight hear when the engine loop raised.
+
+    Out of memory in a step ends the engine, on purpose, as vLLM does: the step's tensors were
+    sized by the engine's own limits (``max_num_batched_tokens``, ``max_num_seqs``, the KV pool
+    sized from ``gpu_memory_utilization``), so an out-of-memory error means those limits do not
+    fit this device beside what else runs on it, and the next step, of the same size, would fail
+    again: retrying smaller would hide a misconfiguration behind slow, unpredictable service. A
+    dead engine fails every request in flight at once and answers 503 (no hang, no partial answer
+    passed as whole), and the message says which limit to lower.
+    """
+    if isinstance(exc, torch.OutOfMemoryError):
+        return (
+            f"the engine ran out of device memory in a step and stopped (OutOfMemoryError: {exc}); restart it "
+            "with a smaller --max-num-batched-tokens or --max-num-seqs, or a lower --gpu-memory-utilization"
+        )
+    return f"the engine failed: {type(exc).__name__}: {exc}"
 
 
 def _fail_future(future: concurrent.futures.Future[Any], exc: BaseException) -> None:

@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body accepted"
     )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages of ORIGIN (https://example.org) call the API from a browser; repeatable (default: none)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -69,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         api_key=api_key,
         max_body_bytes=args.max_body_bytes,
+        cors_origins=tuple(args.cors_origin),
         engine_kwargs=engine_kwargs(args),
         show_progress=True,
     )

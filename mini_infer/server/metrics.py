@@ -142,6 +142,11 @@ class ServerMetrics:
             ["finished_reason"],
             registry=self.registry,
         )
+        self.request_failure = Counter(
+            PREFIX + "request_failure",
+            "Engine requests ended by a fault of their own (finish_reason error: a 500 or an error event).",
+            registry=self.registry,
+        )
 
     # RequestObserver
     def first_token(self, seconds: float) -> None:
@@ -151,6 +156,9 @@ class ServerMetrics:
         self.inter_token_latency.observe(seconds)
 
     def finished(self, seconds: float, reason: str) -> None:
+        if reason == "error":  # not a success, and its latency is not a served request's
+            self.request_failure.inc()
+            return
         self.e2e_request_latency.observe(seconds)
         self.request_success.labels(finished_reason=reason).inc()
 

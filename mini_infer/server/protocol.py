@@ -45,6 +45,7 @@ from mini_infer.server.validation_errors import first_field_error
 
 MAX_LOGPROBS = 20
 MAX_CHOICES = 128  # prompts x n in one call: a bound, so one call cannot queue unbounded work
+MAX_STOP_CHARS = 1000  # one stop string: each new token's text is matched against them all
 # JSON cannot carry -inf; OpenAI and vLLM report impossible tokens with this floor instead.
 LOGPROB_FLOOR = -9999.0
 
@@ -265,6 +266,8 @@ class _SamplingFields(_DropNullUnsupported):
     def _stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
         if stop == "" or (isinstance(stop, list) and "" in stop):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in ([stop] if isinstance(stop, str) else stop or [])):
+            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters")
         return stop
 
     @field_validator("stop_token_ids")

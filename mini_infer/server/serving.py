@@ -36,6 +36,7 @@ from mini_infer.server.async_engine import (
     Choice,
     EngineInfo,
     EngineUnavailableError,
+    RequestFailedError,
     RequestRejectedError,
     RequestStream,
 )
@@ -54,6 +55,9 @@ from mini_infer.structured_output import check_grammar
 from mini_infer.tokenizer import Tokenizer
 
 T = TypeVar("T")
+# The largest grammar (a JSON Schema, a regex, a Lark grammar, the tools of a forced call) one
+# request may bring, in characters of its JSON: compiling one takes time in the tokenizer thread.
+MAX_GRAMMAR_CHARS = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -62,6 +66,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the name clients send as "model"; default: ``model``
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    cors_origins: tuple[str, ...] = ()  # web pages (origins) allowed to call the API from a browser
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # EngineConfig's other fields
     show_progress: bool = True
 
@@ -72,6 +77,12 @@ class ServerConfig:
 
 def unavailable(reason: str) -> APIError:
     return APIError(503, reason, type="server_error", code="engine_unavailable")
+
+
+def internal_error(reason: str) -> APIError:
+    """A 500 for one request whose own work failed (a bug of ours or of a library); the server
+    goes on with the others."""
+    return APIError(500, reason, type="server_error", code="internal_error")
 
 
 class Call:
@@ -95,11 +106,13 @@ class Call:
         """Answer: a stream (whose generator aborts the request when it ends), or the whole
         response once every choice finished; a client that leaves first frees its blocks."""
         if streaming:
-            return EventStreamResponse(self.events())
+            return EventStreamResponse(self._events_or_failure())
         try:
             disconnected, _ = await run_until_disconnect(request.receive, self.collect())
         except EngineUnavailableError as exc:  # the engine died while we waited
             raise unavailable(str(exc)) from None
+        except RequestFailedError as exc:  # this request alone
+            raise internal_error(str(exc)) from None
         finally:
             self.stream.abort()  # a no-op when every choice finished
         if disconnected:
@@ -132,6 +145,17 @@ class Call:
         finally:
             self.stream.abort()  # the client left (or the engine died): free its blocks now
         # student: end
+
+    async def _events_or_failure(self) -> AsyncGenerator[str, None]:
+        """``events``; when a request of the call failed on its own (``RequestFailedError``), one
+        error event naming the cause, then ``[DONE]`` (``events`` has aborted the others)."""
+        try:
+            async with aclosing(self.events()) as events:
+                async for event in events:
+                    yield event
+        except RequestFailedError as exc:
+            yield sse(internal_error(str(exc)).body())
+            yield SSE_DONE
 
     def _choice_chunks(self) -> AsyncGenerator[str, None]:
         """The chunks of choices, until every choice finished (filling ``finals``)."""
@@ -202,6 +226,8 @@ class ServerState:
         try:
             return await self.engine.submit(choices, group)
         except RequestRejectedError as exc:
+            if exc.status >= 500:
+                raise internal_error(str(exc)) from None
             raise bad_request(
                 str(exc), code="context_length_exceeded" if "context length" in str(exc) else None
             ) from None
@@ -219,10 +245,18 @@ def check_grammars(parts: Sequence[tuple[StructuredOutputsParams, str]]) -> None
     """A 400 for the first grammar that does not compile, named (``tools.1.function.parameters``
     does not compile: ...). Runs in the tokenizer thread: a large schema takes a while."""
     for spec, name in parts:
+        size = len(json.dumps(getattr(spec, spec.kind)))
+        if size > MAX_GRAMMAR_CHARS:
+            raise bad_request(
+                f"{name} is {size} characters of JSON; this server accepts grammars of at most {MAX_GRAMMAR_CHARS}",
+                param=name.split(".")[0],
+            )
         try:
             check_grammar(spec, name=name)
         except ValueError as exc:
             raise bad_request(str(exc), param=name.split(".")[0]) from None
+        except Exception as exc:  # the grammar engine's failure, not the request's: a 500 naming it
+            raise internal_error(f"{name}: compiling the grammar failed: {type(exc).__name__}: {exc}") from None
 
 
 def resolve_max_tokens(
