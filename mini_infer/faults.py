@@ -16,12 +16,14 @@ field, HTTP route or command-line option reaches it. Stages, and where each rais
 * ``admission``: ``LLMEngine.add_request``, before anything changes;
 * ``grammar_compile``: compiling a grammar, at admission or in a step (it names no request);
 * ``grammar_advance``: a grammar consuming a request's kept tokens, in the sampler's mask;
+* ``grammar_mask``: a grammar computing the mask of a request's rows (its guesses tried, then
+  rolled back);
 * ``detokenize``, ``stop_check``: ``OutputProcessor`` on a request's new token;
 * ``output``: building a request's ``RequestOutput``;
 * ``sample``: the sampler, for a request (as a grammar's failure reaches it: ``RequestError``);
 * ``forward``: the engine's next forward pass (the runner's ``execute``).
 
-The first five call ``hit(stage, request_id)`` where they work, one dictionary look-up while
+The first seven call ``hit(stage, request_id)`` where they work, one dictionary look-up while
 nothing is armed; ``sample`` and ``forward`` are batch stages, armed on an engine
 (``inject(..., engine=engine)``) by wrapping its sampler's or runner's method for the block. A
 tensor-parallel worker's step (chapter 14) runs in another process: ``WORKER_FAULT_ENV`` names the
@@ -35,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-HIT_STAGES = ("admission", "grammar_compile", "grammar_advance", "detokenize", "stop_check", "output")
+HIT_STAGES = ("admission", "grammar_compile", "grammar_advance", "grammar_mask", "detokenize", "stop_check", "output")
 ENGINE_STAGES = ("sample", "forward")
 # A tensor-parallel worker (chapter 14) raises RuntimeError at its step number N (1: its first
 # step) when this environment variable holds N as the engine spawns it. For tests only.

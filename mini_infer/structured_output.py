@@ -273,7 +273,12 @@ class StructuredOutputs:
             return None
         bitmask = self._bitmask_buffer(batch.num_logits, device)
         for seq, rows, guesses in constrained:
-            self._fill(self.state_of(seq), bitmask, rows, guesses)
+            state = self.state_of(seq)
+            try:
+                faults.hit("grammar_mask", seq.request_id)
+                self._fill(state, bitmask, rows, guesses)
+            except Exception as exc:  # computing this request's mask: its grammar's work alone
+                raise faults.RequestError(seq.request_id, "its grammar's mask", exc) from exc
         return bitmask
 
     def bitmask_of(self, matcher: llguidance.LLMatcher) -> Tensor:

@@ -73,6 +73,7 @@ def boom(kind: type[Exception] = RuntimeError) -> Callable[[], Exception]:
     ("stage", "cause"),
     [
         ("grammar_advance", "its grammar failed: TypeError: injected fault"),
+        ("grammar_mask", "its grammar's mask failed: TypeError: injected fault"),
         ("detokenize", "detokenizing or checking stops failed: RuntimeError: injected fault"),
         ("stop_check", "detokenizing or checking stops failed: RuntimeError: injected fault"),
         ("output", "building its output failed: RuntimeError: injected fault"),
@@ -84,7 +85,7 @@ def test_a_fault_in_a_request_s_own_work_fails_it_alone(
 ) -> None:
     engine = llm.engine
     failed_before = engine.stats()["failed_requests"]
-    kind = TypeError if stage == "grammar_advance" else RuntimeError  # llguidance's TypeError, as seen on Kaggle
+    kind = TypeError if stage.startswith("grammar") else RuntimeError  # llguidance's TypeError, as seen on Kaggle
     with inject(stage, boom(kind), TARGET, engine=engine if stage == "sample" else None) as armed:
         finals = run(engine, requests(llm))
     assert armed.times_raised == 1
