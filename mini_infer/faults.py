@@ -104,13 +104,13 @@ def inject(
     owner, name = (engine.sampler, "sample") if stage == "sample" else (engine.runner, "execute")
     method = getattr(owner, name)
 
-    def sample(logits: Any, batch: Any, seqs: Any, draft_probs: Any = None) -> Any:
+    def sample(logits: Any, batch: Any, seqs: Any) -> Any:
         for seq in seqs:
             try:
                 armed.fire(seq.request_id)
             except Exception as exc:
                 raise RequestError(seq.request_id, "sampling", exc) from exc
-        return method(logits, batch, seqs, draft_probs)
+        return method(logits, batch, seqs)
 
     def execute(batch: Any) -> Any:
         armed.fire(None)
