@@ -161,6 +161,18 @@ def fake_cuda_graphs(monkeypatch) -> dict:
     return seen
 
 
+def engine_with_recording_graphs(target):
+    """An engine over ``target`` whose decode steps go through DecodeGraphs set to record (CUDA's
+    graph calls faked by the test), and those graphs."""
+    llm = LLM(str(target), dtype="float32", num_kv_blocks=256, max_num_seqs=16, show_progress=False)
+    engine = llm.engine
+    graphs = DecodeGraphs(
+        engine.model, engine.runner.kv_cache, max_num_seqs=16, max_model_len=engine.max_model_len, capture=True
+    )
+    engine.runner.static_decode = graphs
+    return llm, graphs
+
+
 def test_an_empty_graph_fails_its_check_and_everything_runs_on_the_models_device(case, monkeypatch):
     """The capture's kernels run eagerly and record nothing (the "graph" replays nothing), so the
     output holds the right logits from the capture itself: a check that compared that output
@@ -169,12 +181,8 @@ def test_an_empty_graph_fails_its_check_and_everything_runs_on_the_models_device
     the capture are made on the model's device, inside torch.cuda.device(model.device)."""
     target, _, prompts, expected = case
     seen = fake_cuda_graphs(monkeypatch)
-    llm = LLM(str(target), dtype="float32", num_kv_blocks=256, max_num_seqs=16, show_progress=False)
+    llm, graphs = engine_with_recording_graphs(target)
     engine = llm.engine
-    graphs = DecodeGraphs(
-        engine.model, engine.runner.kv_cache, max_num_seqs=16, max_model_len=engine.max_model_len, capture=True
-    )
-    engine.runner.static_decode = graphs
     with pytest.warns(RuntimeWarning, match="did not reproduce the eager step"):
         outputs = run_checked(engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
@@ -197,12 +205,8 @@ def test_a_graph_that_does_not_reproduce_the_eager_step_never_serves(case, monke
         DecodeGraphs, "_forward", lambda self, key: eager_forward(self, key) * (0 if recording["now"] else 1)
     )
 
-    llm = LLM(str(target), dtype="float32", num_kv_blocks=256, max_num_seqs=16, show_progress=False)
+    llm, graphs = engine_with_recording_graphs(target)
     engine = llm.engine
-    graphs = DecodeGraphs(
-        engine.model, engine.runner.kv_cache, max_num_seqs=16, max_model_len=engine.max_model_len, capture=True
-    )
-    engine.runner.static_decode = graphs
     with pytest.warns(RuntimeWarning, match="did not reproduce the eager step"):
         outputs = run_checked(engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
