@@ -503,7 +503,8 @@ def why_the_engine_failed(exc: BaseException) -> str:
     dead engine fails every request in flight at once and answers 503 (no hang, no partial answer
     passed as whole), and the message says which limit to lower.
     """
-    if isinstance(exc, torch.OutOfMemoryError):
+    # torch.OutOfMemoryError is torch 2.5's name; torch.cuda's is the same class and older (the floor is 2.4).
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
         return (
             f"the engine ran out of device memory in a step and stopped (OutOfMemoryError: {exc}); restart it "
             "with a smaller --max-num-batched-tokens or --max-num-seqs, or a lower --gpu-memory-utilization"
