@@ -276,12 +276,19 @@ class SourceCode:
         return self.text
 
 
+# The student track's region markers (``mini_infer.course.regions``): tooling, not code to read.
+_STUDENT_MARKER = re.compile(r"^[ \t]*# student: (begin chapter \d\d: .*|end)\n", re.MULTILINE)
+
+
 def show_source(obj: Any) -> SourceCode:
     """The package's real source of ``obj`` (function, class or module), for a notebook to show.
 
     Jupyter, Colab, Kaggle, GitHub and the book's website render it as a highlighted code block.
+    The student track's ``# student:`` marker lines are left out: the lines between them are the
+    chapter's assignment in the student package (the instructors' page says how), not something a
+    reader of the code needs to see.
     """
-    return SourceCode(inspect.getsource(obj).rstrip("\n"))
+    return SourceCode(_STUDENT_MARKER.sub("", inspect.getsource(obj)).rstrip("\n"))
 
 
 def _refuse(*args: Any, _name: str = "", **kwargs: Any) -> Any:

@@ -297,6 +297,19 @@ def test_show_source_is_the_real_source() -> None:
     assert markdown.startswith("```python\ndef choose_model(") and markdown.endswith("\n```")
 
 
+def test_show_source_leaves_out_the_student_tracks_markers_and_nothing_else() -> None:
+    import inspect
+
+    from mini_infer.kv import block_pool
+
+    real = inspect.getsource(block_pool.num_blocks_for)
+    assert "# student: begin chapter 04:" in real and "# student: end" in real
+    shown = repr(show_source(block_pool.num_blocks_for))
+    assert "# student:" not in shown
+    kept = [line for line in real.rstrip("\n").splitlines() if not line.strip().startswith("# student:")]
+    assert shown.splitlines() == kept
+
+
 def test_show_source_fence_outlasts_backticks_in_the_source() -> None:
     shown = notebook_env.SourceCode("x = '````'")
     assert shown._repr_markdown_().startswith("`````python\n")

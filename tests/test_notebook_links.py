@@ -138,16 +138,29 @@ def test_hidden_test_regions_are_removed_whole_lines_and_unclosed_ones_refused()
         strip("a\n### BEGIN HIDDEN TESTS\nb\n")
 
 
+def test_nbval_markers_are_removed_whole_lines_and_nothing_else() -> None:
+    reader_notebooks, _ = reader_tools()
+    strip = reader_notebooks.strip_nbval_markers  # type: ignore[attr-defined]
+    assert strip("# NBVAL_CHECK_OUTPUT\nprint(1)") == "print(1)"
+    assert (
+        strip("# NBVAL_SKIP\nx = 1\n# NBVAL_IGNORE_OUTPUT is a marker\n")
+        == "x = 1\n# NBVAL_IGNORE_OUTPUT is a marker\n"
+    )
+    assert strip("print('# NBVAL_CHECK_OUTPUT')") == "print('# NBVAL_CHECK_OUTPUT')"
+    assert strip("x = 1\n# NBVAL_CHECK_OUTPUT") == "x = 1"
+
+
 def test_reader_copies_are_the_chapters_less_their_hidden_tests() -> None:
     """``reader/`` is current (``python scripts/make_reader_versions.py`` writes it) and carries the
-    chapters' solutions and outputs but none of their hidden tests."""
-    _, make_reader_versions = reader_tools()
+    chapters' solutions and outputs but none of their hidden tests and nbval markers."""
+    reader_notebooks, make_reader_versions = reader_tools()
     assert not make_reader_versions.stale_copies(ROOT), make_reader_versions.stale_copies(ROOT)  # type: ignore[attr-defined]
     for path in NOTEBOOKS:
         instructor = nbformat.read(path, as_version=4)
         reader = nbformat.read(ROOT / "reader" / path.name, as_version=4)
         assert [c.cell_type for c in reader.cells] == [c.cell_type for c in instructor.cells], path.name
-        assert not any("HIDDEN TESTS" in c.source for c in reader.cells), path.name
+        assert not any("HIDDEN TESTS" in c.source or "# NBVAL_" in c.source for c in reader.cells), path.name
         for mine, theirs in zip(instructor.cells, reader.cells):
             if "HIDDEN TESTS" not in mine.source:
+                mine.source = reader_notebooks.strip_nbval_markers(mine.source)  # type: ignore[attr-defined]
                 assert mine == theirs, f"{path.name}: cell {mine.get('id')} differs from the chapter's"

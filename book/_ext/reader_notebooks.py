@@ -16,6 +16,9 @@ but never hands to students. Readers meet a chapter in three places, and none ma
 
 A region is removed as nbgrader's ``ClearHiddenTests`` removes it: from the line of the BEGIN
 marker through the line of the END marker. An unclosed region is an error, never a silent leak.
+The same three places also leave out nbval's cell markers (``# NBVAL_CHECK_OUTPUT`` and the
+others, always a whole line): they tell CI which stored outputs to compare and mean nothing to a
+reader.
 
 Invariants the build enforces (a warning, so an error under ``-W``): every chapter page has a
 reader copy, and that copy is exactly :func:`reader_version` of the chapter's current file.
@@ -37,6 +40,7 @@ READER_DIR = "reader"
 REGENERATE = "python scripts/make_reader_versions.py"
 BEGIN, END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 HIDDEN_REGION = re.compile(r"^[^\n]*" + BEGIN + r".*?" + END + r"[^\n]*(\n|$)", re.MULTILINE | re.DOTALL)
+NBVAL_MARKER = re.compile(r"^[ \t]*# NBVAL_[A-Z_]+[ \t]*(\n|$)", re.MULTILINE)
 
 
 def strip_hidden_tests(source: str) -> str:
@@ -49,14 +53,21 @@ def strip_hidden_tests(source: str) -> str:
     return stripped
 
 
+def strip_nbval_markers(source: str) -> str:
+    """``source`` without nbval's marker lines."""
+    stripped = NBVAL_MARKER.sub("", source)
+    return stripped.rstrip("\n") if not source.endswith("\n") else stripped
+
+
 def strip_notebook(nb: dict[str, Any]) -> bool:
-    """Strip the hidden tests of every code cell of ``nb`` in place; True when any were there."""
+    """Strip the hidden tests and nbval markers of every code cell of ``nb`` in place; True when
+    any were there."""
     changed = False
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
             continue
         source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-        stripped = strip_hidden_tests(source)
+        stripped = strip_nbval_markers(strip_hidden_tests(source))
         if stripped != source:
             cell["source"] = stripped
             changed = True
@@ -64,7 +75,8 @@ def strip_notebook(nb: dict[str, Any]) -> bool:
 
 
 def reader_version(instructor_text: str) -> str:
-    """The reader's copy of a chapter, as the text ``reader/`` holds: the chapter less its hidden tests."""
+    """The reader's copy of a chapter, as the text ``reader/`` holds: the chapter less its hidden
+    tests and nbval markers."""
     nb = nbformat.reads(instructor_text, as_version=4)
     strip_notebook(nb)
     text = nbformat.writes(nb)
@@ -87,7 +99,7 @@ def stale_reason(instructor: Path, reader: Path) -> str | None:
 
 
 def strip_page_source(app: Sphinx, docname: str, source: list[str]) -> None:
-    """``source-read``: a notebook page is parsed without its hidden tests."""
+    """``source-read``: a notebook page is parsed without its hidden tests and nbval markers."""
     if Path(app.env.doc2path(docname)).suffix != ".ipynb":
         return
     nb = json.loads(source[0])
