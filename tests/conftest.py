@@ -21,6 +21,8 @@ from mini_infer.offline_models import write_random_model
 
 TEST_DEVICE = torch.device(os.environ.get("MINI_INFER_TEST_DEVICE", "cpu"))
 os.environ["MINI_INFER_DEVICE"] = str(TEST_DEVICE)  # what device="auto" means in every test
+if TEST_DEVICE.type == "cpu":  # Triton kernels run through its interpreter, whichever test imports it first
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Shapes chosen to cover what differs between real checkpoints: tied and untied embeddings,
 # GQA ratios 2, 4 and 1 (multi-head), and a head_dim that is not hidden / heads.
