@@ -180,6 +180,20 @@ READ_PAGE = """() => {
     highlighted: document.querySelectorAll('div.cell_input div.highlight').length,
     widgetCells: widgetCells.length,
     widgetCellsWithoutFigure: widgetCells.filter(c => !c.querySelector('.cell_output img')).length,
+    // Wide content must scroll (or fit): content wider than its box, with no way to reach it, is cut.
+    clipped: [...document.querySelectorAll('article pre, article table, article img')].filter(e => {
+      const style = getComputedStyle(e);
+      const cut = e.scrollWidth > e.clientWidth + 1 && !['auto', 'scroll'].includes(style.overflowX);
+      let outside = false;
+      for (let a = e.parentElement; a && a.tagName !== 'ARTICLE'; a = a.parentElement) {
+        if (['hidden', 'clip'].includes(getComputedStyle(a).overflowX)
+            && e.getBoundingClientRect().right > a.getBoundingClientRect().right + 1) { outside = true; break; }
+      }
+      return cut || outside;
+    }).map(e => e.tagName + ': ' + (e.innerText || e.getAttribute('src') || '').slice(0, 60)),
+    scrolling: [...document.querySelectorAll('article pre, article table')].filter(e => e.scrollWidth > e.clientWidth + 1).length,
+    figuresTooWide: [...document.querySelectorAll('article img')].filter(i =>
+        i.getBoundingClientRect().right > document.querySelector('article').getBoundingClientRect().right + 1).length,
   };
 }"""
 
@@ -343,6 +357,21 @@ def test_chapter_shows_code_and_outputs(visits: dict[str, PageVisit], page: str)
     assert facts["codeCells"] >= 5 and facts["outputs"] >= 4, f"{page}: {facts['codeCells']} cells"
     assert facts["highlighted"] >= facts["codeCells"] // 2, f"{page}: code cells are not syntax-highlighted"
     assert any(image["src"].endswith(".png") for image in facts["images"]), f"{page}: no figure"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_wide_listings_tables_and_figures_are_never_cut(visits: dict[str, PageVisit], page: str) -> None:
+    """At 1280 px, a listing or table wider than the column scrolls (its overflow is reachable) and
+    no figure runs past the column."""
+    facts = visits[page].facts
+    assert not facts["clipped"], f"{page}: content cut off at 1280 px: {facts['clipped']}"
+    assert facts["figuresTooWide"] == 0, f"{page}: {facts['figuresTooWide']} figure(s) wider than the column"
+
+
+def test_the_clipping_check_sees_wide_listings(visits: dict[str, PageVisit]) -> None:
+    """The check above looks at real wide content: the setup listing of every chapter is wider than
+    the column, so each chapter has at least one scrolling listing."""
+    assert all(visits[page].facts["scrolling"] >= 1 for page in CHAPTERS)
 
 
 @pytest.mark.parametrize("page", CHAPTERS)
