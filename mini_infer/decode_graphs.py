@@ -20,8 +20,8 @@ chunks come in every length and are long enough that launches do not matter. So:
   held by the graph pool for as long as the engine lives (151,936 numbers a row for Qwen2.5:
   hundreds of MB over the captured sizes);
 * attention of the padded step is one bucket of the paged attention of this chapter, whose gather
-  rows and mask are computed from the static buffers at the start of the step, inside the graph
-  (never inside a layer);
+  rows and mask come from the eager step's own builder (``metadata_from_tensors``), run on the
+  static buffers at the start of the step, inside the graph (never inside a layer);
 * a graph is recorded the first time its shape is needed, and before it serves, its replay is
   checked against the same step run eagerly: a graph that does not reproduce it is never used
   (a warning says so, and that shape runs eagerly from then on). The output is filled with NaN
@@ -46,42 +46,15 @@ from collections.abc import Callable
 
 import torch
 
-from mini_infer.kv.paged_attention import BatchBucket, PagedAttention, PagedAttentionMetadata, PagedKVCache, _pool_rows
-from mini_infer.layers import folded_bias
+from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, metadata_from_tensors
 from mini_infer.model import Qwen2Model
-from mini_infer.model_runner import ForwardBatch
+from mini_infer.model_runner import MAX_BATCHED_QUERY_LEN, ForwardBatch
 
 
 def captured_batch_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 16 up to ``max_num_seqs`` (and ``max_num_seqs`` itself)."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 16))
     return sorted(set(sizes + [max_num_seqs]))
-
-
-def static_metadata(
-    slot_mapping: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_len: int,
-    cache: PagedKVCache,
-    num_heads: int,
-) -> PagedAttentionMetadata:
-    """The attention metadata of a padded decode step, computed from tensors only (no host data),
-    so that it can be recorded in a graph: one bucket of all ``B`` rows, ``W`` blocks wide."""
-    rows, width = block_tables.shape
-    bs = cache.block_size
-    group = num_heads // cache.num_kv_heads
-    last_visible = context_lens[:, None] - query_len + torch.arange(query_len, device=context_lens.device)[None, :]
-    mask = torch.arange(width * bs, device=context_lens.device)[None, None, :] <= last_visible[:, :, None]
-    bucket = BatchBucket(
-        0,
-        rows,
-        _pool_rows(block_tables.reshape(-1), cache.num_kv_heads, cache.k.shape[2]),
-        folded_bias(mask[None], group, cache.k.dtype),
-    )
-    return PagedAttentionMetadata(
-        slot_mapping, slot_mapping // bs, slot_mapping % bs, block_tables, (), 0, query_len, (bucket,)
-    )
 
 
 class DecodeGraphs:
@@ -93,8 +66,7 @@ class DecodeGraphs:
         self.model, self.cache, self.capture = model, cache, capture
         self.batch_sizes = captured_batch_sizes(max_num_seqs)
         self.max_width = -(-max_model_len // cache.block_size)
-        self.max_query_len = 16
-        device, rows = model.device, max_num_seqs * self.max_query_len
+        device, rows = model.device, max_num_seqs * MAX_BATCHED_QUERY_LEN
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.slot_mapping = torch.zeros(rows, dtype=torch.long, device=device)
@@ -110,7 +82,7 @@ class DecodeGraphs:
         """The batch's logits through the padded static step, or None when it does not qualify."""
         meta = batch.attention
         q, rows = meta.batch_query_len, meta.batch_size
-        if meta.prefills or rows == 0 or q > self.max_query_len or batch.num_logits != rows * q:
+        if meta.prefills or rows == 0 or q > MAX_BATCHED_QUERY_LEN or batch.num_logits != rows * q:
             return None
         size = next((b for b in self.batch_sizes if b >= rows), None)
         used = meta.block_tables.shape[1]
@@ -147,13 +119,15 @@ class DecodeGraphs:
         ``[size * q, hidden]``. Every address is the same at each call."""
         q, size, width = key
         tokens = size * q
-        meta = static_metadata(
+        meta = metadata_from_tensors(  # the eager step's builder, one bucket of every row
             self.slot_mapping[:tokens],
             self.block_tables[:size, :width],
             self.context_lens[:size],
-            q,
-            self.cache,
-            self.model.shard.num_attention_heads,
+            prefills=(),
+            buckets=((0, size, width),),
+            batch_query_len=q,
+            cache=self.cache,
+            num_heads=self.model.shard.num_attention_heads,
         )
         return self.model.forward(self.input_ids[:tokens], self.positions[:tokens], PagedAttention(self.cache, meta))
 
