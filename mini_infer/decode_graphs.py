@@ -12,8 +12,11 @@ chunks come in every length and are long enough that launches do not matter. So:
   (``ForwardBatch`` has no prefill span and one logit row per token);
 * its ``B`` sequences are padded to the next *captured batch size* (1, 2, 4, 8, then steps of 16
   up to ``max_num_seqs``, as nano-vllm does) and its block tables to the next power-of-two width,
-  so a handful of graphs serve every step. Padding rows write their K/V into the cache's null
-  block and attend only to it: they touch no sequence's data;
+  so a handful of graphs serve every step. ``ModelRunner.prepare`` asks ``shape_for`` and pads
+  the step on the host: padding rows write their K/V into the cache's null block and attend only
+  to it (they touch no sequence's data). The step's host data then reach the device in one copy,
+  and ``run`` copies them into the static buffer in one more: outside the graph a decode step is
+  those two copies and the logits' gather and matmul (it was some thirty operations);
 * a graph ends at the final norm: its output is the hidden states of the padded step
   (``[B_padded * Q, hidden]``), and the logits are computed after the replay, eagerly, for the
   real rows only. Inside the graph they would be a ``[B_padded * Q, vocab]`` buffer per graph,
@@ -66,70 +69,51 @@ class DecodeGraphs:
         self.model, self.cache, self.capture = model, cache, capture
         self.batch_sizes = captured_batch_sizes(max_num_seqs)
         self.max_width = -(-max_model_len // cache.block_size)
-        device, rows = model.device, max_num_seqs * MAX_BATCHED_QUERY_LEN
-        self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.slot_mapping = torch.zeros(rows, dtype=torch.long, device=device)
-        self.block_tables = torch.full(
-            (max_num_seqs, self.max_width), cache.null_block, dtype=torch.long, device=device
+        # The static step's inputs, laid out as ``ModelRunner.prepare`` stages a step padded to its
+        # shape: ids, positions, slots (``q`` per row each), context lengths, block tables.
+        self.staging = torch.zeros(
+            max_num_seqs * (3 * MAX_BATCHED_QUERY_LEN + 1 + self.max_width), dtype=torch.long, device=model.device
         )
-        self.context_lens = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.steps: dict[tuple[int, int, int], Callable[[], torch.Tensor]] = {}
         self.eager_only: set[tuple[int, int, int]] = set()
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """The batch's logits through the padded static step, or None when it does not qualify."""
-        meta = batch.attention
-        q, rows = meta.batch_query_len, meta.batch_size
-        if meta.prefills or rows == 0 or q > MAX_BATCHED_QUERY_LEN or batch.num_logits != rows * q:
-            return None
+    def shape_for(self, rows: int, query_len: int, width: int) -> tuple[int, int, int] | None:
+        """``(query_len, size, padded width)`` of the static step for ``rows`` sequences of
+        ``query_len`` tokens with block tables ``width`` wide: ``rows`` padded to the next captured
+        batch size, ``width`` to the next power of two; None when no static step serves them."""
         size = next((b for b in self.batch_sizes if b >= rows), None)
-        used = meta.block_tables.shape[1]
-        width = min(self.max_width, 1 << max(used - 1, 0).bit_length())
-        if size is None or used > self.max_width:
+        if size is None or rows == 0 or not 0 < query_len <= MAX_BATCHED_QUERY_LEN or width > self.max_width:
             return None
-        self._load(batch, rows, size, q)
-        key = (q, size, width)
-        hidden = self._step(key)()
-        # Outside the graph, and for the real rows only (see the module docstring).
-        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)
+        return query_len, size, min(self.max_width, 1 << max(width - 1, 0).bit_length())
 
-    def _load(self, batch: ForwardBatch, rows: int, size: int, q: int) -> None:
-        """Copy the batch into the static buffers; rows past it become padding: token 0 at
-        positions 0 .. q - 1 of the null block, attending to those ``q`` slots only."""
-        meta, null = batch.attention, self.cache.null_block
-        tokens, padded = rows * q, size * q
-        self.input_ids[:tokens].copy_(batch.input_ids)
-        self.positions[:tokens].copy_(batch.positions)
-        self.slot_mapping[:tokens].copy_(meta.slot_mapping)
-        used = meta.block_tables.shape[1]
-        self.block_tables[:rows, :used].copy_(meta.block_tables)
-        self.block_tables[:rows, used:].fill_(null)
-        self.block_tables[rows:size].fill_(null)
-        self.context_lens[:rows].copy_(batch.positions.view(rows, q)[:, -1] + 1)
-        self.context_lens[rows:size].fill_(q)
-        offsets = torch.arange(q, device=self.positions.device) % self.cache.block_size
-        self.input_ids[tokens:padded].zero_()
-        self.positions[tokens:padded].copy_(offsets.repeat(size - rows))
-        self.slot_mapping[tokens:padded].copy_((null * self.cache.block_size + offsets).repeat(size - rows))
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """The hidden states of ``batch``, which ``ModelRunner.prepare`` padded to its
+        ``static_shape``: one copy into the static buffer, then the step (a graph's replay)."""
+        assert batch.static_shape is not None, "a batch prepared for this static step"
+        graph_inputs = batch.staged.numel() - batch.logits_indices.numel()
+        self.staging[:graph_inputs].copy_(batch.staged[:graph_inputs])
+        return self._step(batch.static_shape)()
 
     def _forward(self, key: tuple[int, int, int]) -> torch.Tensor:
         """The padded static step on the static buffers, up to the final norm: its hidden states,
         ``[size * q, hidden]``. Every address is the same at each call."""
         q, size, width = key
         tokens = size * q
+        ids, positions, slots, context_lens, tables = self.staging[: 3 * tokens + size * (1 + width)].split(
+            [tokens, tokens, tokens, size, size * width]
+        )
         meta = metadata_from_tensors(  # the eager step's builder, one bucket of every row
-            self.slot_mapping[:tokens],
-            self.block_tables[:size, :width],
-            self.context_lens[:size],
+            slots,
+            tables.view(size, width),
+            context_lens,
             prefills=(),
             buckets=((0, size, width),),
             batch_query_len=q,
             cache=self.cache,
             num_heads=self.model.shard.num_attention_heads,
         )
-        return self.model.forward(self.input_ids[:tokens], self.positions[:tokens], PagedAttention(self.cache, meta))
+        return self.model.forward(ids, positions, PagedAttention(self.cache, meta))
 
     def _step(self, key: tuple[int, int, int]) -> Callable[[], torch.Tensor]:
         if key not in self.steps:

@@ -167,11 +167,13 @@ def host_tables(
     batch: Sequence[tuple[int, Sequence[int]]],
     batch_query_len: int,
     block_size: int,
+    width: int = 0,
 ) -> tuple[list[int], list[int], list[int], int]:
     """The host half of ``build_metadata``: the new tokens' slots, every sequence's context length,
-    the block tables padded with block 0 to the widest (flat, row by row), and that width."""
+    the block tables padded with block 0 (masked, never read) to the widest or to ``width`` blocks
+    if that is wider, flat, row by row, and that width."""
     entries = [*prefills, *((batch_query_len, context_len, table) for context_len, table in batch)]
-    width = max((num_blocks_for(context_len, block_size) for _, context_len, _ in entries), default=0)
+    width = max([width, *(num_blocks_for(context_len, block_size) for _, context_len, _ in entries)])
     slots: list[int] = []
     tables: list[int] = []
     for num_new, context_len, table in entries:
