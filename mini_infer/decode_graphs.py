@@ -95,17 +95,21 @@ class DecodeGraphs:
         self.staging[:graph_inputs].copy_(batch.staged[:graph_inputs])
         return self._step(batch.static_shape)()
 
+    def buffers(self, key: tuple[int, int, int]) -> list[torch.Tensor]:
+        """The static buffers of shape ``key``, views of ``staging`` in the order ``prepare`` stages
+        them: ids, positions, slots ``[size * q]``, context lengths ``[size]``, tables ``[size, width]``."""
+        q, size, width = key
+        parts = self.staging[: 3 * size * q + size * (1 + width)].split([size * q] * 3 + [size, size * width])
+        return [*parts[:4], parts[4].view(size, width)]
+
     def _forward(self, key: tuple[int, int, int]) -> torch.Tensor:
         """The padded static step on the static buffers, up to the final norm: its hidden states,
         ``[size * q, hidden]``. Every address is the same at each call."""
         q, size, width = key
-        tokens = size * q
-        ids, positions, slots, context_lens, tables = self.staging[: 3 * tokens + size * (1 + width)].split(
-            [tokens, tokens, tokens, size, size * width]
-        )
+        ids, positions, slots, context_lens, tables = self.buffers(key)
         meta = metadata_from_tensors(  # the eager step's builder, one bucket of every row
             slots,
-            tables.view(size, width),
+            tables,
             context_lens,
             prefills=(),
             buckets=((0, size, width),),

@@ -126,10 +126,6 @@ class PagedAttentionMetadata:
     batch_query_len: int  # Q new tokens per sequence of the group
     buckets: tuple[BatchBucket, ...]  # consecutive rows of the group, one SDPA call each
 
-    @property
-    def batch_size(self) -> int:
-        return self.block_tables.shape[0] - len(self.prefills)
-
 
 def build_metadata(
     *,
@@ -184,11 +180,14 @@ def host_tables(
 
 
 def bucket_widths(context_lens: Sequence[int], block_size: int) -> list[tuple[int, int, int]]:
-    """``(start, end, width)`` of each bucket of a batched group whose contexts are ``context_lens``
-    (``_bucket_bounds``): its rows and the blocks its longest context needs."""
+    """``(start, end, width)`` of each bucket of a batched group whose contexts are ``context_lens``:
+    equal runs of consecutive rows, one bucket per ``MIN_ROWS_PER_BUCKET`` rows, at most
+    ``MAX_BUCKETS``, each as wide as the blocks its longest context needs."""
+    count = max(1, min(MAX_BUCKETS, len(context_lens) // MIN_ROWS_PER_BUCKET))
+    bounds = [round(i * len(context_lens) / count) for i in range(count + 1)] if context_lens else [0]
     return [
         (start, end, max(num_blocks_for(c, block_size) for c in context_lens[start:end]))
-        for start, end in (_bucket_bounds(len(context_lens)) if context_lens else [])
+        for start, end in zip(bounds, bounds[1:])
     ]
 
 
@@ -229,14 +228,6 @@ def metadata_from_tensors(
     return PagedAttentionMetadata(
         slot_mapping, slot_mapping // bs, slot_mapping % bs, block_tables, tuple(spans), token, q, tuple(out)
     )
-
-
-def _bucket_bounds(num_rows: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of equal runs of consecutive rows: one bucket per ``MIN_ROWS_PER_BUCKET``
-    rows, at most ``MAX_BUCKETS``."""
-    count = max(1, min(MAX_BUCKETS, num_rows // MIN_ROWS_PER_BUCKET))
-    bounds = [round(i * num_rows / count) for i in range(count + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
 
 
 class PagedAttention:
