@@ -12,7 +12,9 @@ chunks come in every length and are long enough that launches do not matter. So:
   (``ForwardBatch`` has no prefill span and one logit row per token);
 * its ``B`` sequences are padded to the next *captured batch size* (1, 2, 4, 8, then steps of 16
   up to ``max_num_seqs``, as nano-vllm does) and its block tables to the next power-of-two width,
-  so a handful of graphs serve every step. ``ModelRunner.prepare`` asks ``shape_for`` and pads
+  so a handful of graphs serve every step; a shape whose padded gather would exceed
+  ``MAX_GRAPH_KEYS`` keys runs eagerly, gathering by the real contexts (each graph's gather is
+  memory its pool keeps). ``ModelRunner.prepare`` asks ``shape_for`` and pads
   the step on the host: padding rows write their K/V into the cache's null block and attend only
   to it (they touch no sequence's data). The step's host data then reach the device in one copy,
   and ``run`` copies them into the static buffer in one more: outside the graph a decode step is
@@ -53,6 +55,12 @@ from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, metadata
 from mini_infer.model import Qwen2Model
 from mini_infer.model_runner import MAX_BATCHED_QUERY_LEN, ForwardBatch
 
+# A graph gathers every row's keys padded to its width, into memory its pool holds for as long as
+# the engine lives: at 256 rows of 4k tokens of a 7B-class shape that was 2 GiB per layer. A shape
+# gathers at most this many keys (rows x width x block size); a wider step runs eagerly, where the
+# buckets of build_metadata size the gather by the real contexts.
+MAX_GRAPH_KEYS = 1 << 18
+
 
 def captured_batch_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 16 up to ``max_num_seqs`` (and ``max_num_seqs`` itself)."""
@@ -81,11 +89,13 @@ class DecodeGraphs:
     def shape_for(self, rows: int, query_len: int, width: int) -> tuple[int, int, int] | None:
         """``(query_len, size, padded width)`` of the static step for ``rows`` sequences of
         ``query_len`` tokens with block tables ``width`` wide: ``rows`` padded to the next captured
-        batch size, ``width`` to the next power of two; None when no static step serves them."""
+        batch size, ``width`` to the next power of two; None when no static step serves them (a
+        padded gather over ``MAX_GRAPH_KEYS`` keys included)."""
         size = next((b for b in self.batch_sizes if b >= rows), None)
         if size is None or rows == 0 or not 0 < query_len <= MAX_BATCHED_QUERY_LEN or width > self.max_width:
             return None
-        return query_len, size, min(self.max_width, 1 << max(width - 1, 0).bit_length())
+        width = min(self.max_width, 1 << max(width - 1, 0).bit_length())
+        return (query_len, size, width) if size * width * self.cache.block_size <= MAX_GRAPH_KEYS else None
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """The hidden states of ``batch``, which ``ModelRunner.prepare`` padded to its

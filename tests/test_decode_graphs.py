@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.config import ModelConfig
-from mini_infer.decode_graphs import DecodeGraphs, captured_batch_sizes
+from mini_infer.decode_graphs import MAX_GRAPH_KEYS, DecodeGraphs, captured_batch_sizes
 from mini_infer.model_runner import SequenceInput
 from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 
@@ -325,3 +325,20 @@ def test_a_decode_step_is_one_host_copy_and_a_few_operations_outside_the_graph(c
     assert graphs.served == 2 and torch.equal(logits, eager)
     assert len(copies) == 2  # one per step
     assert len(counter.ops) <= 4, counter.ops
+
+
+def test_a_static_step_gathers_a_bounded_number_of_keys(case):
+    """Every row of a static step gathers the step's padded width: a shape over MAX_GRAPH_KEYS keys
+    (rows x width x block size) is left to the eager step, whose buckets gather by the real
+    contexts; narrower shapes of the same batch, and long contexts of few rows, still qualify."""
+    target, _, _, _ = case
+    llm = LLM(str(target), dtype="float32", num_kv_blocks=8, show_progress=False)
+    runner = llm.engine.runner
+    graphs = DecodeGraphs(runner.model, runner.kv_cache, max_num_seqs=256, max_model_len=32768, capture=False)
+    bs = runner.kv_cache.block_size
+    widest = MAX_GRAPH_KEYS // (256 * bs)
+    assert graphs.shape_for(256, 1, widest) == (1, 256, widest)
+    assert graphs.shape_for(256, 1, widest + 1) is None  # its width rounds up to twice as many keys
+    assert graphs.shape_for(200, 4, widest + 1) is None
+    assert graphs.shape_for(1, 1, 32768 // bs) == (1, 1, 32768 // bs)
+    assert graphs.shape_for(3, 1, 9) == (1, 4, 16)
