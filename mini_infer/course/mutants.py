@@ -73,6 +73,12 @@ _VERDICTS: dict[tuple[str, str], dict[str, str]] = {
         "group >= 1": "repeating the rows once (group 1) is the identity",
         "group > 0": "repeating the rows once (group 1) is the identity",
     },
+    ("causal_mask", "ends = torch.full((1,), num_keys, device=device) if context_lens is None else context_lens"): {
+        "(2,)": "two equal ends give two equal masks, of which the function returns the first",
+    },
+    ("causal_mask", "return mask[0] if context_lens is None else mask"): {
+        "mask[-1]": "without context_lens the mask has one entry: [-1] is [0]",
+    },
     (
         "folded_attention",
         "k, v = k.transpose(0, 1)[:, None], v.transpose(0, 1)[:, None]",
