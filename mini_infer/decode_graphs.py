@@ -12,16 +12,21 @@ chunks come in every length and are long enough that launches do not matter. So:
   (``ForwardBatch`` has no prefill span and one logit row per token);
 * its ``B`` sequences are padded to the next *captured batch size* (1, 2, 4, 8, then steps of 16
   up to ``max_num_seqs``, as nano-vllm does) and its block tables to the next power-of-two width,
-  so a handful of graphs serve every step. Padding rows write their K/V into the cache's null
-  block and attend only to it: they touch no sequence's data;
+  so a handful of graphs serve every step; a shape whose padded gather would exceed
+  ``MAX_GRAPH_KEYS`` keys runs eagerly, gathering by the real contexts (each graph's gather is
+  memory its pool keeps). ``ModelRunner.prepare`` asks ``shape_for`` and pads
+  the step on the host: padding rows write their K/V into the cache's null block and attend only
+  to it (they touch no sequence's data). The step's host data then reach the device in one copy,
+  and ``run`` copies them into the static buffer in one more: outside the graph a decode step is
+  those two copies and the logits' gather and matmul (it was some thirty operations);
 * a graph ends at the final norm: its output is the hidden states of the padded step
   (``[B_padded * Q, hidden]``), and the logits are computed after the replay, eagerly, for the
   real rows only. Inside the graph they would be a ``[B_padded * Q, vocab]`` buffer per graph,
   held by the graph pool for as long as the engine lives (151,936 numbers a row for Qwen2.5:
   hundreds of MB over the captured sizes);
 * attention of the padded step is one bucket of the paged attention of this chapter, whose gather
-  rows and mask are computed from the static buffers at the start of the step, inside the graph
-  (never inside a layer);
+  rows and mask come from the eager step's own builder (``metadata_from_tensors``), run on the
+  static buffers at the start of the step, inside the graph (never inside a layer);
 * a graph is recorded the first time its shape is needed, and before it serves, its replay is
   checked against the same step run eagerly: a graph that does not reproduce it is never used
   (a warning says so, and that shape runs eagerly from then on). The output is filled with NaN
@@ -46,42 +51,21 @@ from collections.abc import Callable
 
 import torch
 
-from mini_infer.kv.paged_attention import BatchBucket, PagedAttention, PagedAttentionMetadata, PagedKVCache, _pool_rows
-from mini_infer.layers import folded_bias
+from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, metadata_from_tensors
 from mini_infer.model import Qwen2Model
-from mini_infer.model_runner import ForwardBatch
+from mini_infer.model_runner import MAX_BATCHED_QUERY_LEN, ForwardBatch
+
+# A graph gathers every row's keys padded to its width, into memory its pool holds for as long as
+# the engine lives: at 256 rows of 4k tokens of a 7B-class shape that was 2 GiB per layer. A shape
+# gathers at most this many keys (rows x width x block size); a wider step runs eagerly, where the
+# buckets of build_metadata size the gather by the real contexts.
+MAX_GRAPH_KEYS = 1 << 18
 
 
 def captured_batch_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, then every multiple of 16 up to ``max_num_seqs`` (and ``max_num_seqs`` itself)."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 16))
     return sorted(set(sizes + [max_num_seqs]))
-
-
-def static_metadata(
-    slot_mapping: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_len: int,
-    cache: PagedKVCache,
-    num_heads: int,
-) -> PagedAttentionMetadata:
-    """The attention metadata of a padded decode step, computed from tensors only (no host data),
-    so that it can be recorded in a graph: one bucket of all ``B`` rows, ``W`` blocks wide."""
-    rows, width = block_tables.shape
-    bs = cache.block_size
-    group = num_heads // cache.num_kv_heads
-    last_visible = context_lens[:, None] - query_len + torch.arange(query_len, device=context_lens.device)[None, :]
-    mask = torch.arange(width * bs, device=context_lens.device)[None, None, :] <= last_visible[:, :, None]
-    bucket = BatchBucket(
-        0,
-        rows,
-        _pool_rows(block_tables.reshape(-1), cache.num_kv_heads, cache.k.shape[2]),
-        folded_bias(mask[None], group, cache.k.dtype),
-    )
-    return PagedAttentionMetadata(
-        slot_mapping, slot_mapping // bs, slot_mapping % bs, block_tables, (), 0, query_len, (bucket,)
-    )
 
 
 class DecodeGraphs:
@@ -93,69 +77,57 @@ class DecodeGraphs:
         self.model, self.cache, self.capture = model, cache, capture
         self.batch_sizes = captured_batch_sizes(max_num_seqs)
         self.max_width = -(-max_model_len // cache.block_size)
-        self.max_query_len = 16
-        device, rows = model.device, max_num_seqs * self.max_query_len
-        self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.slot_mapping = torch.zeros(rows, dtype=torch.long, device=device)
-        self.block_tables = torch.full(
-            (max_num_seqs, self.max_width), cache.null_block, dtype=torch.long, device=device
+        # The static step's inputs, laid out as ``ModelRunner.prepare`` stages a step padded to its
+        # shape: ids, positions, slots (``q`` per row each), context lengths, block tables.
+        self.staging = torch.zeros(
+            max_num_seqs * (3 * MAX_BATCHED_QUERY_LEN + 1 + self.max_width), dtype=torch.long, device=model.device
         )
-        self.context_lens = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.steps: dict[tuple[int, int, int], Callable[[], torch.Tensor]] = {}
         self.eager_only: set[tuple[int, int, int]] = set()
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """The batch's logits through the padded static step, or None when it does not qualify."""
-        meta = batch.attention
-        q, rows = meta.batch_query_len, meta.batch_size
-        if meta.prefills or rows == 0 or q > self.max_query_len or batch.num_logits != rows * q:
-            return None
+    def shape_for(self, rows: int, query_len: int, width: int) -> tuple[int, int, int] | None:
+        """``(query_len, size, padded width)`` of the static step for ``rows`` sequences of
+        ``query_len`` tokens with block tables ``width`` wide: ``rows`` padded to the next captured
+        batch size, ``width`` to the next power of two; None when no static step serves them (a
+        padded gather over ``MAX_GRAPH_KEYS`` keys included)."""
         size = next((b for b in self.batch_sizes if b >= rows), None)
-        used = meta.block_tables.shape[1]
-        width = min(self.max_width, 1 << max(used - 1, 0).bit_length())
-        if size is None or used > self.max_width:
+        if size is None or rows == 0 or not 0 < query_len <= MAX_BATCHED_QUERY_LEN or width > self.max_width:
             return None
-        self._load(batch, rows, size, q)
-        key = (q, size, width)
-        hidden = self._step(key)()
-        # Outside the graph, and for the real rows only (see the module docstring).
-        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)
+        width = min(self.max_width, 1 << max(width - 1, 0).bit_length())
+        return (query_len, size, width) if size * width * self.cache.block_size <= MAX_GRAPH_KEYS else None
 
-    def _load(self, batch: ForwardBatch, rows: int, size: int, q: int) -> None:
-        """Copy the batch into the static buffers; rows past it become padding: token 0 at
-        positions 0 .. q - 1 of the null block, attending to those ``q`` slots only."""
-        meta, null = batch.attention, self.cache.null_block
-        tokens, padded = rows * q, size * q
-        self.input_ids[:tokens].copy_(batch.input_ids)
-        self.positions[:tokens].copy_(batch.positions)
-        self.slot_mapping[:tokens].copy_(meta.slot_mapping)
-        used = meta.block_tables.shape[1]
-        self.block_tables[:rows, :used].copy_(meta.block_tables)
-        self.block_tables[:rows, used:].fill_(null)
-        self.block_tables[rows:size].fill_(null)
-        self.context_lens[:rows].copy_(batch.positions.view(rows, q)[:, -1] + 1)
-        self.context_lens[rows:size].fill_(q)
-        offsets = torch.arange(q, device=self.positions.device) % self.cache.block_size
-        self.input_ids[tokens:padded].zero_()
-        self.positions[tokens:padded].copy_(offsets.repeat(size - rows))
-        self.slot_mapping[tokens:padded].copy_((null * self.cache.block_size + offsets).repeat(size - rows))
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """The hidden states of ``batch``, which ``ModelRunner.prepare`` padded to its
+        ``static_shape``: one copy into the static buffer, then the step (a graph's replay)."""
+        assert batch.static_shape is not None, "a batch prepared for this static step"
+        graph_inputs = batch.staged.numel() - batch.logits_indices.numel()
+        self.staging[:graph_inputs].copy_(batch.staged[:graph_inputs])
+        return self._step(batch.static_shape)()
+
+    def buffers(self, key: tuple[int, int, int]) -> list[torch.Tensor]:
+        """The static buffers of shape ``key``, views of ``staging`` in the order ``prepare`` stages
+        them: ids, positions, slots ``[size * q]``, context lengths ``[size]``, tables ``[size, width]``."""
+        q, size, width = key
+        parts = self.staging[: 3 * size * q + size * (1 + width)].split([size * q] * 3 + [size, size * width])
+        return [*parts[:4], parts[4].view(size, width)]
 
     def _forward(self, key: tuple[int, int, int]) -> torch.Tensor:
         """The padded static step on the static buffers, up to the final norm: its hidden states,
         ``[size * q, hidden]``. Every address is the same at each call."""
         q, size, width = key
-        tokens = size * q
-        meta = static_metadata(
-            self.slot_mapping[:tokens],
-            self.block_tables[:size, :width],
-            self.context_lens[:size],
-            q,
-            self.cache,
-            self.model.shard.num_attention_heads,
+        ids, positions, slots, context_lens, tables = self.buffers(key)
+        meta = metadata_from_tensors(  # the eager step's builder, one bucket of every row
+            slots,
+            tables,
+            context_lens,
+            prefills=(),
+            buckets=((0, size, width),),
+            batch_query_len=q,
+            cache=self.cache,
+            num_heads=self.model.shard.num_attention_heads,
         )
-        return self.model.forward(self.input_ids[:tokens], self.positions[:tokens], PagedAttention(self.cache, meta))
+        return self.model.forward(ids, positions, PagedAttention(self.cache, meta))
 
     def _step(self, key: tuple[int, int, int]) -> Callable[[], torch.Tensor]:
         if key not in self.steps:

@@ -255,14 +255,9 @@ def load_runners(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRu
     num_blocks = size_kv_pool(config, models, [m.config for m in models], max_model_len)
     runners = [ModelRunner(m, PagedKVCache(m.shard, num_blocks, config.block_size, dtype, device)) for m in models]
     if device.type == "cuda" and not config.enforce_eager:  # decode steps replay CUDA graphs (chapter 05)
+        shape = {"max_num_seqs": config.max_num_seqs, "max_model_len": max_model_len}
         for runner in runners:
-            runner.static_decode = DecodeGraphs(
-                runner.model,
-                runner.kv_cache,
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=max_model_len,
-                capture=True,
-            )
+            runner.static_decode = DecodeGraphs(runner.model, runner.kv_cache, **shape, capture=True)
     return runners
 
 

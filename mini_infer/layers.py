@@ -34,9 +34,12 @@ Everything here is plain PyTorch, the same code on CPU and CUDA:
 * ``attention``: grouped-query attention on ``scaled_dot_product_attention``. The query heads
   that share a KV head are folded into the query-length axis (``folded_attention``), so K and V
   are never expanded to every query head (2-5x faster for one decode token on this project's CPU
-  than ``enable_gqa``, which behaved as if K/V were expanded); a sequence attending to itself
-  uses SDPA's causal rule instead, which the fold cannot keep. A mask for the fold is built by
-  ``folded_bias``, once per step in the engine.
+  than ``enable_gqa``, which behaved as if K/V were expanded). It is the one fold of the
+  package: one sequence here, a batch of sequences in chapter 05's paged attention. The causal
+  rule is the mask ``causal_mask`` (SDPA's own ``is_causal`` cannot follow the fold's rows, which
+  are not in position order), built by ``folded_bias`` once per step in the engine; on a
+  512-token chunk, the engine's largest by default, the fold under that mask was as fast on this
+  project's CPU as K/V repeated per query head under ``is_causal``.
 * ``sdpa_backends``: which SDPA kernels attention may use on a device and dtype, and why: the
   fold needs no ``enable_gqa`` (which, in the torch versions Colab and Kaggle ship, reached only
   the flash kernel), so the same layout lands on a kernel that exists on every GPU: flash on
@@ -178,13 +181,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     # student: end
 
 
-def causal_mask(num_queries: int, num_keys: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def causal_mask(
+    num_queries: int, num_keys: int, device: torch.device | str = "cpu", context_lens: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[num_queries, num_keys]`` boolean, True = may attend: the queries are the last
     ``num_queries`` positions of the ``num_keys``, so query ``i`` sees keys up to
-    ``num_keys - num_queries + i``."""
-    # student: begin chapter 02: the causal mask of the last num_queries positions of num_keys
-    last_visible = torch.arange(num_queries, device=device)[:, None] + (num_keys - num_queries)
-    return torch.arange(num_keys, device=device)[None, :] <= last_visible
+    ``num_keys - num_queries + i``. With ``context_lens`` (``[B]``, a batch of sequences):
+    ``[B, num_queries, num_keys]``, sequence ``b``'s queries the last of its ``context_lens[b]``
+    keys, so that keys past its own context (padding) are masked by the same rule."""
+    # student: begin chapter 02: the causal mask of the last num_queries positions of num_keys (of each context)
+    ends = torch.full((1,), num_keys, device=device) if context_lens is None else context_lens
+    last_visible = ends[:, None] - num_queries + torch.arange(num_queries, device=ends.device)[None, :]
+    mask = torch.arange(num_keys, device=ends.device)[None, None, :] <= last_visible[:, :, None]
+    return mask[0] if context_lens is None else mask
     # student: end
 
 
@@ -209,26 +218,31 @@ def folded_attention(
 ) -> torch.Tensor:
     """Grouped-query attention with the query heads that share a KV head folded into the query axis.
 
-    ``q``: ``[Tq, num_heads, D]``; ``k``, ``v``: ``[num_keys, num_kv_heads, D]``; ``bias``: from
-    ``folded_bias`` (``[1, 1, group * Tq, num_keys]``) or None (every query sees every key).
+    ``q``: ``[B * Tq, num_heads, D]``, ``B`` sequences of ``Tq`` queries each. ``k``, ``v``: one
+    sequence's ``[num_keys, num_kv_heads, D]`` (``B = 1``), or ``B`` sequences' keys kv-heads
+    outermost, ``[num_kv_heads, B, num_keys, D]`` (the paged gather's layout, chapter 05). ``bias``:
+    from ``folded_bias``, ``[1, 1 or B, group * Tq or 1, num_keys]``, or None (every query sees
+    every key). Returns ``[B * Tq, num_heads, D]``.
     """
     # student: begin chapter 02: grouped-query attention with each KV head's query heads folded into the query axis
-    num_queries, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
-    # [Tq, Hkv*g, D] -> [Hkv, g*Tq, D] (row r of the fold is query r % Tq of head r // Tq).
+    if k.dim() == 3:  # one sequence: [num_keys, Hkv, D] -> [Hkv, 1, num_keys, D] (views)
+        k, v = k.transpose(0, 1)[:, None], v.transpose(0, 1)[:, None]
+    num_kv_heads, batch, _, head_dim = k.shape
+    num_heads = q.shape[1]
+    group, num_queries = num_heads // num_kv_heads, q.shape[0] // batch
+    # [B*Tq, Hkv*g, D] -> [Hkv, B, g*Tq, D] (row r of a sequence's fold is query r % Tq of head r // Tq).
     qf = (
-        q.view(num_queries, num_kv_heads, group, head_dim)
-        .permute(1, 2, 0, 3)
-        .reshape(num_kv_heads, group * num_queries, head_dim)
+        q.view(batch, num_queries, num_kv_heads, group, head_dim)
+        .permute(2, 0, 3, 1, 4)
+        .reshape(num_kv_heads, batch, group * num_queries, head_dim)
     )
-    # 4-D tensors (a batch of one): with 3-D inputs and a mask, CPU SDPA falls back to its math
-    # kernel, which materialises every score and was 3x slower on a 512-token chunk.
-    out = F.scaled_dot_product_attention(qf[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=bias)[0]
+    # 4-D tensors, even for one sequence: with 3-D inputs and a mask, CPU SDPA falls back to its
+    # math kernel, which materialises every score and was 3x slower on a 512-token chunk.
+    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=bias)
     return (
-        out.view(num_kv_heads, group, num_queries, head_dim)
-        .permute(2, 0, 1, 3)
-        .reshape(num_queries, num_heads, head_dim)
+        out.view(num_kv_heads, batch, group, num_queries, head_dim)
+        .permute(1, 3, 0, 2, 4)
+        .reshape(batch * num_queries, num_heads, head_dim)
     )
     # student: end
 
@@ -253,18 +267,8 @@ def attention(
     # student: begin chapter 02: grouped-query attention of one sequence, causal or under a mask
     num_queries, num_heads, _ = q.shape
     num_keys, num_kv_heads, _ = k.shape
-    group = num_heads // num_kv_heads
-    if mask is None and causal and num_queries == num_keys and num_queries > 1:
-        # A whole sequence attending to itself (a prompt's first chunk): SDPA's own causal rule
-        # lets the CPU flash kernel skip the masked upper half, about 2x faster than an explicit
-        # mask at 2,048 tokens. The fold would break that rule (its rows are not in position
-        # order), so here K and V are repeated per query head instead: a small copy next to the
-        # T x T work.
-        kr = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
-        vr = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), kr, vr, is_causal=True)
-        return out[0].transpose(0, 1).contiguous()
     if mask is None and causal and num_queries > 1:
         mask = causal_mask(num_queries, num_keys, q.device)
-    return folded_attention(q, k, v, None if mask is None else folded_bias(mask, group, q.dtype)[None, None])
+    bias = None if mask is None else folded_bias(mask, num_heads // num_kv_heads, q.dtype)[None, None]
+    return folded_attention(q, k, v, bias)
     # student: end

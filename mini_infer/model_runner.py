@@ -15,8 +15,11 @@ sequence that samples gets a logit row for its last token, and one for each gues
 ``1 + k`` rows, in input order.
 
 Invariants: the batch is built once per step and never changed (the model and attention read
-only it; nothing is computed lazily inside a layer); each tensor is assembled in Python lists and
-sent to the device in one copy; ``prepare`` never synchronises with the device.
+only it; nothing is computed lazily inside a layer); the step's host data (ids, positions, slots,
+context lengths, block tables, logit rows) are assembled in Python lists and sent to the device
+in one copy (``staged``; the batch's tensors are views of it); ``prepare`` never synchronises with
+the device. A decode step the static step of ``decode_graphs`` serves is padded to its shape
+here, and its attention metadata is built there, inside the graph, not here.
 
 The batch keeps the inputs it was built from: with tensor parallelism (chapter 14) they are what
 rank 0 sends the other ranks, each of which prepares its own batch from them (its gather rows
@@ -34,7 +37,15 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from mini_infer.device import to_device
-from mini_infer.kv.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache, build_metadata
+from mini_infer.kv.block_pool import num_blocks_for
+from mini_infer.kv.paged_attention import (
+    PagedAttention,
+    PagedAttentionMetadata,
+    PagedKVCache,
+    bucket_widths,
+    host_tables,
+    metadata_from_tensors,
+)
 from mini_infer.layers import sdpa_backends
 from mini_infer.model import Qwen2Model
 
@@ -74,13 +85,19 @@ class ForwardBatch:
 
     input_ids: torch.Tensor  # [T] long, prefill chunks first, then the batched group
     positions: torch.Tensor  # [T] long
-    attention: PagedAttentionMetadata  # slot mapping, padded block tables, gather rows, masks
+    # Slot mapping, padded block tables, gather rows, masks; None when the static step serves the
+    # batch (it builds its own from ``staged``).
+    attention: PagedAttentionMetadata | None
     query_lens: tuple[int, ...]  # per input, in input order
     context_lens: tuple[int, ...]  # per input: cached tokens + new tokens
     logits_indices: torch.Tensor  # [R] long: the tokens (of T) whose logits are computed
     rows_of: tuple[range, ...]  # per input: its rows of the logits (empty when it does not sample)
     draft_token_ids: tuple[tuple[int, ...], ...]  # per input: the guesses its rows verify
     inputs: tuple[SequenceInput, ...]  # what it was built from (chapter 14 sends them to the other ranks)
+    # The one host-to-device copy of the step: ids, positions, slots, context lengths, block
+    # tables, logit indices (the tensors above are views of it), and the static step's shape.
+    staged: torch.Tensor
+    static_shape: tuple[int, int, int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -99,8 +116,13 @@ class ForwardBatch:
 class StaticDecode(Protocol):
     """Decode steps through a padded, shape-static step (``decode_graphs``: CUDA graphs)."""
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """The batch's logits, or None when the batch is not a decode step it serves."""
+    def shape_for(self, rows: int, query_len: int, width: int) -> tuple[int, int, int] | None:
+        """``(query_len, padded rows, padded width)`` of the static step that serves ``rows``
+        sequences of ``query_len`` tokens with block tables ``width`` wide, or None."""
+        ...
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """The hidden states of the batch padded to its ``static_shape``."""
         ...
 
 
@@ -132,27 +154,48 @@ class ModelRunner:
             end = token_start[i] + s.num_tokens
             rows_of.append(range(len(logits_indices), len(logits_indices) + s.num_logits))
             logits_indices += range(end - s.num_logits, end)
-        metadata = build_metadata(
-            prefills=[(inputs[i].num_tokens, inputs[i].context_len, inputs[i].block_ids) for i in prefills],
-            batch=[(inputs[i].context_len, inputs[i].block_ids) for i in batched],
-            batch_query_len=batch_q,
-            cache=self.kv_cache,
-            num_heads=self.model.shard.num_attention_heads,
+        prefill_rows = [(inputs[i].num_tokens, inputs[i].context_len, inputs[i].block_ids) for i in prefills]
+        group = [(inputs[i].context_len, inputs[i].block_ids) for i in batched]
+        bs, shape = self.kv_cache.block_size, None
+        width = max((num_blocks_for(s.context_len, bs) for s in inputs), default=0)
+        if self.static_decode is not None and not prefills and len(logits_indices) == len(input_ids):
+            shape = self.static_decode.shape_for(len(batched), batch_q, width)
+        if shape is not None:  # padding rows of the null block, to the static step's shape
+            padding = shape[1] - len(batched)
+            group += [(batch_q, [self.kv_cache.null_block] * num_blocks_for(batch_q, bs))] * padding
+            input_ids += [0] * (batch_q * padding)
+            positions += [*range(batch_q)] * padding
+        slots, context_lens, tables, width = host_tables(prefill_rows, group, batch_q, bs, shape[2] if shape else 0)
+        staged = to_device(
+            [*input_ids, *positions, *slots, *context_lens, *tables, *logits_indices], torch.long, self.device
         )
-
-        def tensor(values: list[int]) -> torch.Tensor:
-            return to_device(values, torch.long, self.device)
-
+        ids, pos, slot_tensor, context_tensor, table_tensor, logits_tensor = staged.split(
+            [len(input_ids), len(positions), len(slots), len(context_lens), len(tables), len(logits_indices)]
+        )
+        metadata = None
+        if shape is None:
+            metadata = metadata_from_tensors(
+                slot_tensor,
+                table_tensor.view(len(context_lens), width),
+                context_tensor,
+                prefills=[(n, c) for n, c, _ in prefill_rows],
+                buckets=bucket_widths([c for c, _ in group], bs),
+                batch_query_len=batch_q,
+                cache=self.kv_cache,
+                num_heads=self.model.shard.num_attention_heads,
+            )
         return ForwardBatch(
-            tensor(input_ids),
-            tensor(positions),
+            ids,
+            pos,
             metadata,
             tuple(s.num_tokens for s in inputs),
             tuple(s.context_len for s in inputs),
-            tensor(logits_indices),
+            logits_tensor,
             tuple(rows_of),
             tuple(tuple(s.draft_token_ids) for s in inputs),
             tuple(inputs),
+            staged,
+            shape,
         )
 
     @torch.inference_mode()
@@ -160,11 +203,13 @@ class ModelRunner:
         """Logits ``[R, vocab]`` of the batch's logit rows, in the model's dtype (a greedy step
         never needs a float32 copy of them)."""
         with sdpa_kernel(self.attention_kernels):
-            if self.static_decode is not None and (logits := self.static_decode.run(batch)) is not None:
-                return logits
-            hidden = self.model.forward(
-                batch.input_ids, batch.positions, PagedAttention(self.kv_cache, batch.attention)
-            )
+            if batch.attention is None:
+                assert self.static_decode is not None, "a batch prepared for the static step"
+                hidden = self.static_decode.run(batch)
+            else:
+                hidden = self.model.forward(
+                    batch.input_ids, batch.positions, PagedAttention(self.kv_cache, batch.attention)
+                )
         if not batch.num_logits:
             return torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype, device=self.device)
         return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)

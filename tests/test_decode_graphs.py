@@ -6,10 +6,12 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.config import ModelConfig
-from mini_infer.decode_graphs import DecodeGraphs, captured_batch_sizes
+from mini_infer.decode_graphs import MAX_GRAPH_KEYS, DecodeGraphs, captured_batch_sizes
+from mini_infer.model_runner import SequenceInput
 from tests.engine_checks import assert_all_blocks_back, run_checked, transformers_greedy
 
 MAX_TOKENS = 20
@@ -41,9 +43,8 @@ def static_steps(llm: LLM) -> list[DecodeGraphs]:
         original = graphs.run
 
         def counting(batch, original=original, graphs=graphs):
-            logits = original(batch)
-            graphs.served += logits is not None
-            return logits
+            graphs.served += 1
+            return original(batch)
 
         graphs.run = counting
         runner.static_decode = graphs
@@ -268,3 +269,76 @@ def test_logits_are_computed_outside_the_static_step_for_the_real_rows_only(case
     assert graphs.served > 0 and {size for _, size, _ in graphs.steps} == {4}
     assert graphs._forward((1, 4, 2)).shape == (4, model.config.hidden_size)  # the step ends at the norm
     assert 4 not in rows_seen and 3 in rows_seen  # never the padding row's logits
+
+
+class CountingOps(TorchDispatchMode):
+    """The operators (views left out: they launch nothing) dispatched while active, except while
+    ``paused``."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and not func.is_view:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_decode_step_is_one_host_copy_and_a_few_operations_outside_the_graph(case, monkeypatch):
+    """A decode step through the static step: its host data reach the device in one copy
+    (``to_device``), and outside the graph (``_forward``, what a replay runs) it dispatches at
+    most 4 operators: with that copy, at most 5 device operations. Before, prepare made six
+    copies and built bucket masks and gather rows the graph never read, and loading the static
+    buffers took some twenty more: 32 operators outside the graph."""
+    import mini_infer.model_runner as model_runner
+
+    target, _, _, _ = case
+    llm = LLM(str(target), dtype="float32", num_kv_blocks=64, max_num_seqs=8, show_progress=False)
+    (graphs,) = static_steps(llm)
+    runner = llm.engine.runner
+    counter, copies = CountingOps(), []
+    forward = DecodeGraphs._forward
+
+    def graph(self, key):  # what a replay runs: not counted
+        counter.paused = True
+        try:
+            return forward(self, key)
+        finally:
+            counter.paused = False
+
+    def to_device(values, dtype, device, original=model_runner.to_device):
+        copies.append(len(values))
+        return original(values, dtype, device)
+
+    monkeypatch.setattr(DecodeGraphs, "_forward", graph)
+    monkeypatch.setattr(model_runner, "to_device", to_device)
+    inputs = [
+        SequenceInput([5], 20, [1, 2], samples=True),
+        SequenceInput([6], 33, [3, 4, 5], samples=True),
+        SequenceInput([7], 9, [6], samples=True),
+    ]
+    eager = runner.execute(runner.prepare(inputs))  # the first run of a shape records it
+    with counter:
+        logits = runner.execute(runner.prepare(inputs))
+    assert graphs.served == 2 and torch.equal(logits, eager)
+    assert len(copies) == 2  # one per step
+    assert len(counter.ops) <= 4, counter.ops
+
+
+def test_a_static_step_gathers_a_bounded_number_of_keys(case):
+    """Every row of a static step gathers the step's padded width: a shape over MAX_GRAPH_KEYS keys
+    (rows x width x block size) is left to the eager step, whose buckets gather by the real
+    contexts; narrower shapes of the same batch, and long contexts of few rows, still qualify."""
+    target, _, _, _ = case
+    llm = LLM(str(target), dtype="float32", num_kv_blocks=8, show_progress=False)
+    runner = llm.engine.runner
+    graphs = DecodeGraphs(runner.model, runner.kv_cache, max_num_seqs=256, max_model_len=32768, capture=False)
+    bs = runner.kv_cache.block_size
+    widest = MAX_GRAPH_KEYS // (256 * bs)
+    assert graphs.shape_for(256, 1, widest) == (1, 256, widest)
+    assert graphs.shape_for(256, 1, widest + 1) is None  # its width rounds up to twice as many keys
+    assert graphs.shape_for(200, 4, widest + 1) is None
+    assert graphs.shape_for(1, 1, 32768 // bs) == (1, 1, 32768 // bs)
+    assert graphs.shape_for(3, 1, 9) == (1, 4, 16)

@@ -73,38 +73,18 @@ _VERDICTS: dict[tuple[str, str], dict[str, str]] = {
         "group >= 1": "repeating the rows once (group 1) is the identity",
         "group > 0": "repeating the rows once (group 1) is the identity",
     },
+    ("causal_mask", "ends = torch.full((1,), num_keys, device=device) if context_lens is None else context_lens"): {
+        "(2,)": "two equal ends give two equal masks, of which the function returns the first",
+    },
+    ("causal_mask", "return mask[0] if context_lens is None else mask"): {
+        "mask[-1]": "without context_lens the mask has one entry: [-1] is [0]",
+    },
     (
         "folded_attention",
-        "out = F.scaled_dot_product_attention(qf[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], "
-        "attn_mask=bias)[0]",
+        "k, v = k.transpose(0, 1)[:, None], v.transpose(0, 1)[:, None]",
     ): {
-        "F.scaled_dot_product_attention(qf[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], "
-        "attn_mask=bias)[-1]": "a batch of one: [-1] is [0]",
         "k.transpose(1, 0)": _TRANSPOSE,
         "v.transpose(1, 0)": _TRANSPOSE,
-    },
-    ("folded_attention", "out.view(num_kv_heads, group, num_queries, head_dim)"): {
-        "out.view(group, num_kv_heads, num_queries, head_dim)": (
-            "the two leading axes are merged back into heads in the same memory order (h * Tq + t either way)"
-        ),
-    },
-    ("attention", "if mask is None and causal and num_queries == num_keys and num_queries > 1:"): {
-        "num_queries >= 1": "one query over one key: the causal rule and the fold both attend to that key",
-        "num_queries > 0": "one query over one key: the causal rule and the fold both attend to that key",
-        "num_queries > 2": "two queries over two keys: the fold under causal_mask(2, 2) is the same causal attention",
-    },
-    ("attention", "kr = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)"): {
-        "k.transpose(1, 0)": _TRANSPOSE,
-    },
-    ("attention", "vr = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)"): {
-        "v.transpose(1, 0)": _TRANSPOSE,
-    },
-    ("attention", "out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), kr, vr, is_causal=True)"): {
-        "q.transpose(1, 0)": _TRANSPOSE,
-    },
-    ("attention", "return out[0].transpose(0, 1).contiguous()"): {
-        "out[0].transpose(1, 0)": _TRANSPOSE,
-        "out[-1]": "a batch of one: [-1] is [0]",
     },
     ("attention", "if mask is None and causal and num_queries > 1:"): {
         "num_queries >= 1": "one query is the last position: causal_mask(1, n) is all True, the same as no mask",

@@ -15,7 +15,8 @@ and it is passed explicitly (no global context). Every layer only reads it:
 * ``block_tables``: every sequence's block table, padded into one ``[S, max_blocks]`` tensor;
 * ``prefills``: sequences computed with more than one query (prompt chunks, possibly after a
   cached prefix); each is attended on its own, causally, with the query offset by the cached
-  context. When a chunk has no cached context it attends over its own fresh K/V directly.
+  context (its mask built here, once per step). When a chunk has no cached context it attends
+  over its own fresh K/V directly.
 * a *batched group*: sequences that each bring the same number ``Q`` of new tokens (``Q = 1``:
   decode; ``Q = k + 1``: speculative verification), attended together in
   ``scaled_dot_product_attention`` calls over their gathered blocks, with a padding mask.
@@ -46,12 +47,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from mini_infer.config import ModelConfig
 from mini_infer.device import to_device
 from mini_infer.kv.block_pool import num_blocks_for, slot_mapping
-from mini_infer.layers import attention, causal_mask, folded_attention, folded_bias
+from mini_infer.layers import causal_mask, folded_attention, folded_bias
 
 
 class PagedKVCache:
@@ -91,9 +91,9 @@ class PrefillSpan:
     token_start: int
     num_tokens: int
     context_len: int
-    # Rows of the pool (see ``pool_rows``) that hold its context, and its mask in SDPA's folded,
-    # additive form (None: a single query sees every key). Both None when the chunk has no cached
-    # context: it attends to its own fresh K/V with SDPA's causal rule.
+    # Rows of the pool (``_pool_rows``) that hold its context (None when the chunk has no cached
+    # context: it attends to its own fresh K/V), and its causal mask in SDPA's folded, additive
+    # form (None: a single query sees every key).
     pool_rows: torch.Tensor | None
     bias: torch.Tensor | None
 
@@ -126,10 +126,6 @@ class PagedAttentionMetadata:
     batch_query_len: int  # Q new tokens per sequence of the group
     buckets: tuple[BatchBucket, ...]  # consecutive rows of the group, one SDPA call each
 
-    @property
-    def batch_size(self) -> int:
-        return self.block_tables.shape[0] - len(self.prefills)
-
 
 def build_metadata(
     *,
@@ -144,56 +140,94 @@ def build_metadata(
     ``prefills``: ``(num_new_tokens, context_len, block_table)`` per sequence, where
     ``context_len`` counts the new tokens too. ``batch``: ``(context_len, block_table)`` per
     sequence of the batched group, each bringing ``batch_query_len`` new tokens. ``num_heads``
-    (query heads) fixes the fold of the masks. Everything is assembled in Python lists and sent
-    to the device once per tensor, without a host sync (``device.to_device``).
+    (query heads) fixes the fold of the masks. The host lists (``host_tables``) go to the device
+    in one copy, without a host sync (``device.to_device``); ``metadata_from_tensors`` does the rest.
     """
-    bs, q, device, dtype = cache.block_size, batch_query_len, cache.k.device, cache.k.dtype
-    group, kv_heads = num_heads // cache.num_kv_heads, cache.num_kv_heads
-    entries = [*prefills, *((q, context_len, table) for context_len, table in batch)]
-    widths = [num_blocks_for(context_len, bs) for _, context_len, _ in entries]
-    max_width = max(widths, default=0)
-    slots: list[int] = []
-    tables: list[list[int]] = []
-    for (num_new, context_len, table), width in zip(entries, widths):
-        slots += slot_mapping(table, context_len - num_new, context_len, bs)
-        tables.append([*table[:width], *[0] * (max_width - width)])
-    block_tables = to_device(tables, torch.long, device).view(len(entries), max_width)
-    slot_tensor = to_device(slots, torch.long, device)
-
-    spans, token = [], 0
-    for i, (num_new, context_len, _) in enumerate(prefills):
-        read_back = context_len > num_new
-        rows = _pool_rows(block_tables[i, : widths[i]], kv_heads, cache.k.shape[2]) if read_back else None
-        mask = (
-            folded_bias(causal_mask(num_new, context_len, device), group, dtype)[None, None]
-            if read_back and num_new > 1
-            else None
-        )
-        spans.append(PrefillSpan(token, num_new, context_len, rows, mask))
-        token += num_new
-    buckets = []
-    first = len(prefills)
-    context_lens = to_device([context_len for context_len, _ in batch], torch.long, device)
-    for start, end in _bucket_bounds(len(batch)) if batch else []:
-        width = max(widths[first + start : first + end])
-        table_rows = block_tables[first + start : first + end, :width].reshape(-1)
-        # Query i of a sequence sits at position context_len - q + i and may see keys up to
-        # there; keys past the sequence's own context (padding blocks) are masked by the same rule.
-        last_visible = context_lens[start:end, None] - q + torch.arange(q, device=device)[None, :]
-        mask = torch.arange(width * bs, device=device)[None, None, :] <= last_visible[:, :, None]
-        rows = _pool_rows(table_rows, kv_heads, cache.k.shape[2])
-        buckets.append(BatchBucket(start, end, rows, folded_bias(mask[None], group, dtype)))
-    return PagedAttentionMetadata(
-        slot_tensor, slot_tensor // bs, slot_tensor % bs, block_tables, tuple(spans), token, q, tuple(buckets)
+    slots, context_lens, tables, width = host_tables(prefills, batch, batch_query_len, cache.block_size)
+    staged = to_device([*slots, *context_lens, *tables], torch.long, cache.k.device)
+    slot_tensor, context_tensor, table_tensor = staged.split([len(slots), len(context_lens), len(tables)])
+    return metadata_from_tensors(
+        slot_tensor,
+        table_tensor.view(len(context_lens), width),
+        context_tensor,
+        prefills=[(num_new, context_len) for num_new, context_len, _ in prefills],
+        buckets=bucket_widths([context_len for context_len, _ in batch], cache.block_size),
+        batch_query_len=batch_query_len,
+        cache=cache,
+        num_heads=num_heads,
     )
 
 
-def _bucket_bounds(num_rows: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of equal runs of consecutive rows: one bucket per ``MIN_ROWS_PER_BUCKET``
-    rows, at most ``MAX_BUCKETS``."""
-    count = max(1, min(MAX_BUCKETS, num_rows // MIN_ROWS_PER_BUCKET))
-    bounds = [round(i * num_rows / count) for i in range(count + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
+def host_tables(
+    prefills: Sequence[tuple[int, int, Sequence[int]]],
+    batch: Sequence[tuple[int, Sequence[int]]],
+    batch_query_len: int,
+    block_size: int,
+    width: int = 0,
+) -> tuple[list[int], list[int], list[int], int]:
+    """The host half of ``build_metadata``: the new tokens' slots, every sequence's context length,
+    the block tables padded with block 0 (masked, never read) to the widest or to ``width`` blocks
+    if that is wider, flat, row by row, and that width."""
+    entries = [*prefills, *((batch_query_len, context_len, table) for context_len, table in batch)]
+    width = max([width, *(num_blocks_for(context_len, block_size) for _, context_len, _ in entries)])
+    slots: list[int] = []
+    tables: list[int] = []
+    for num_new, context_len, table in entries:
+        slots += slot_mapping(table, context_len - num_new, context_len, block_size)
+        used = table[: num_blocks_for(context_len, block_size)]
+        tables += [*used, *[0] * (width - len(used))]
+    return slots, [context_len for _, context_len, _ in entries], tables, width
+
+
+def bucket_widths(context_lens: Sequence[int], block_size: int) -> list[tuple[int, int, int]]:
+    """``(start, end, width)`` of each bucket of a batched group whose contexts are ``context_lens``:
+    equal runs of consecutive rows, one bucket per ``MIN_ROWS_PER_BUCKET`` rows, at most
+    ``MAX_BUCKETS``, each as wide as the blocks its longest context needs."""
+    count = max(1, min(MAX_BUCKETS, len(context_lens) // MIN_ROWS_PER_BUCKET))
+    bounds = [round(i * len(context_lens) / count) for i in range(count + 1)] if context_lens else [0]
+    return [
+        (start, end, max(num_blocks_for(c, block_size) for c in context_lens[start:end]))
+        for start, end in zip(bounds, bounds[1:])
+    ]
+
+
+def metadata_from_tensors(
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    prefills: Sequence[tuple[int, int]],
+    buckets: Sequence[tuple[int, int, int]],
+    batch_query_len: int,
+    cache: PagedKVCache,
+    num_heads: int,
+) -> PagedAttentionMetadata:
+    """The device half of ``build_metadata``, from tensors only (no host data), so that a CUDA
+    graph records it too (``decode_graphs``): ``slot_mapping`` ``[T]``, ``block_tables``
+    ``[S, W]`` and ``context_lens`` ``[S]`` on the device, prefills then the batched group;
+    ``prefills``: ``(num_new_tokens, context_len)`` each; ``buckets``: ``(start, end, width)``
+    of rows of the group (``bucket_widths``)."""
+    bs, q, device, dtype = cache.block_size, batch_query_len, cache.k.device, cache.k.dtype
+    group, kv_heads, pool_blocks = num_heads // cache.num_kv_heads, cache.num_kv_heads, cache.k.shape[2]
+    spans, token = [], 0
+    for i, (num_new, context_len) in enumerate(prefills):
+        # A chunk after a cached prefix reads its context back through the pool; a first chunk
+        # attends to its own fresh K/V. Either way its queries are the last of its keys.
+        rows = None
+        if context_len > num_new:
+            rows = _pool_rows(block_tables[i, : num_blocks_for(context_len, bs)], kv_heads, pool_blocks)
+        mask = folded_bias(causal_mask(num_new, context_len, device), group, dtype)[None, None] if num_new > 1 else None
+        spans.append(PrefillSpan(token, num_new, context_len, rows, mask))
+        token += num_new
+    first, out = len(prefills), []
+    for start, end, width in buckets:
+        # Keys past a sequence's own context (padding blocks) are masked by the causal rule too.
+        mask = causal_mask(q, width * bs, device, context_lens[first + start : first + end])
+        rows = _pool_rows(block_tables[first + start : first + end, :width].reshape(-1), kv_heads, pool_blocks)
+        out.append(BatchBucket(start, end, rows, folded_bias(mask[None], group, dtype)))
+    return PagedAttentionMetadata(
+        slot_mapping, slot_mapping // bs, slot_mapping % bs, block_tables, tuple(spans), token, q, tuple(out)
+    )
 
 
 class PagedAttention:
@@ -221,41 +255,19 @@ class PagedAttention:
         for span in meta.prefills:
             rows = slice(span.token_start, span.token_start + span.num_tokens)
             if span.pool_rows is None:
-                out[rows] = attention(q[rows], k[rows], v[rows], causal=True)
-            else:
-                # [Hkv, blocks * bs, D] -> the first context_len keys, [context_len, Hkv, D]
-                keys = _gather(k_pool, span.pool_rows)[:, : span.context_len].transpose(0, 1)
-                values = _gather(v_pool, span.pool_rows)[:, : span.context_len].transpose(0, 1)
+                out[rows] = folded_attention(q[rows], k[rows], v[rows], span.bias)
+            else:  # [Hkv, blocks * bs, D] -> the first context_len keys, [Hkv, 1, context_len, D]
+                keys = _gather(k_pool, span.pool_rows)[:, None, : span.context_len]
+                values = _gather(v_pool, span.pool_rows)[:, None, : span.context_len]
                 out[rows] = folded_attention(q[rows], keys, values, span.bias)
         q_len = meta.batch_query_len
         for bucket in meta.buckets:
             rows = slice(meta.batch_start + bucket.start * q_len, meta.batch_start + bucket.end * q_len)
-            keys, values = _gather(k_pool, bucket.pool_rows), _gather(v_pool, bucket.pool_rows)
-            out[rows] = _batched(q[rows], bucket.end - bucket.start, q_len, keys, values, bucket.bias)
+            batch = bucket.end - bucket.start  # [Hkv, B * ctx, D] -> [Hkv, B, ctx, D], a view
+            keys = _gather(k_pool, bucket.pool_rows).unflatten(1, (batch, -1))
+            values = _gather(v_pool, bucket.pool_rows).unflatten(1, (batch, -1))
+            out[rows] = folded_attention(q[rows], keys, values, bucket.bias)
         return out
-
-
-def _batched(
-    q: torch.Tensor, batch: int, num_q: int, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
-) -> torch.Tensor:
-    """Attention for a bucket of B sequences with Q new tokens each: one SDPA call over their
-    gathered blocks (``keys``, ``values``: ``[Hkv, B * ctx, D]``)."""
-    kv_heads, _, head_dim = keys.shape
-    heads = q.shape[1]
-    group = heads // kv_heads
-    keys = keys.view(kv_heads, batch, -1, head_dim)  # a view: the gather is kv-heads outermost
-    values = values.view(kv_heads, batch, -1, head_dim)
-    # q: [B*Q, H, D] -> [Hkv, B, g*Q, D]: the g query heads sharing a KV head become rows.
-    qf = (
-        q.view(batch, num_q, kv_heads, group, head_dim)
-        .permute(2, 0, 3, 1, 4)
-        .reshape(kv_heads, batch, group * num_q, head_dim)
-    )
-    out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=bias)
-    # [Hkv, B, g*Q, D] -> [B*Q, H, D]
-    return (
-        out.view(kv_heads, batch, group, num_q, head_dim).permute(1, 3, 0, 2, 4).reshape(batch * num_q, heads, head_dim)
-    )
 
 
 def _pool_rows(block_ids: torch.Tensor, kv_heads: int, num_blocks: int) -> torch.Tensor:

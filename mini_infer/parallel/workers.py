@@ -501,8 +501,9 @@ def _traced(
     meta = batch.attention
     trace.steps += 1
     trace.num_tokens = batch.num_tokens
-    trace.gather_rows = sum(s.pool_rows.numel() for s in meta.prefills if s.pool_rows is not None)
-    trace.gather_rows += sum(b.pool_rows.numel() for b in meta.buckets)
+    if meta is not None:  # None: the static decode step served the batch (chapter 05)
+        trace.gather_rows = sum(s.pool_rows.numel() for s in meta.prefills if s.pool_rows is not None)
+        trace.gather_rows += sum(b.pool_rows.numel() for b in meta.buckets)
     trace.collectives = group.num_collectives - collectives
     trace.payload_bytes = group.payload_bytes - payload
     return logits

@@ -135,6 +135,11 @@ def test_causal_mask():
     assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
     assert causal_mask(1, 4).tolist() == [[True] * 4]
     assert causal_mask(4, 6).dtype == torch.bool
+    per_context = causal_mask(2, 4, context_lens=torch.tensor([3, 4]))  # a batch: keys past a context are masked
+    assert per_context.tolist() == [
+        [[True, True, False, False], [True, True, True, False]],
+        [[True] * 3 + [False], [True] * 4],
+    ]
 
 
 @pytest.mark.points(2)
@@ -188,6 +193,14 @@ def test_folded_attention_with_a_bias():
     torch.testing.assert_close(folded_attention(q, k, v, bias), reference_attention(q, k, v, visible))
     everything = torch.ones(3, 5, dtype=torch.bool)
     torch.testing.assert_close(folded_attention(q, k, v), reference_attention(q, k, v, everything))
+    # A batch of 3 sequences of 2 queries, keys kv-heads outermost ([Hkv, B, keys, D]), one mask each.
+    q, k, v = torch.randn(6, 6, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    visible = causal_mask(2, 5, context_lens=torch.tensor([3, 5, 4]))
+    got = folded_attention(q, k, v, folded_bias(visible[None], 3, torch.float32))
+    for b in range(3):
+        keys, values = k[:, b].transpose(0, 1), v[:, b].transpose(0, 1)
+        expected = reference_attention(q[2 * b : 2 * b + 2], keys, values, visible[b])
+        torch.testing.assert_close(got[2 * b : 2 * b + 2], expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.points(1)
