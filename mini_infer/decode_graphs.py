@@ -153,7 +153,7 @@ class DecodeGraphs:
             self.context_lens[:size],
             q,
             self.cache,
-            self.model.shard.num_attention_heads,
+            self.model.config.num_attention_heads,
         )
         return self.model.forward(self.input_ids[:tokens], self.positions[:tokens], PagedAttention(self.cache, meta))
 

@@ -137,7 +137,7 @@ class ModelRunner:
             batch=[(inputs[i].context_len, inputs[i].block_ids) for i in batched],
             batch_query_len=batch_q,
             cache=self.kv_cache,
-            num_heads=self.model.shard.num_attention_heads,
+            num_heads=self.model.config.num_attention_heads,
         )
 
         def tensor(values: list[int]) -> torch.Tensor:
