@@ -143,7 +143,7 @@ def _install(runner: ModelRunner) -> None:
 
 def _report(runner: ModelRunner) -> RankReport:
     config = runner.model.config  # a shard's: its own heads and KV heads
-    counters = _counters(runner)
+    counters = getattr(runner, "_bench_counters", None) or _Counters()  # an untraced rank: no steps
     assert isinstance(runner.model, ShardedQwen2Model)
     return RankReport(
         runner.model.group.rank,
@@ -162,7 +162,8 @@ def trace_ranks(runner: TensorParallelRunner) -> None:
 
 
 def rank_reports(runner: TensorParallelRunner) -> list[RankReport]:
-    """Every rank's description of itself and of its last traced step, rank 0 first."""
+    """Every rank's description of itself and of its last step traced since ``trace_ranks`` (an
+    empty ``StepTrace`` before), rank 0 first."""
     return runner.on_every_rank(_report)
 
 

@@ -44,6 +44,7 @@ parent process is gone.
 from __future__ import annotations
 
 import datetime
+import itertools
 import multiprocessing
 import os
 import sys
@@ -141,11 +142,12 @@ def launch(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
     store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
     context = mp.get_context("spawn")
     processes: list[BaseProcess] = [
-        context.Process(target=_spawned_worker, args=(r, size, store.port, spec), name=f"mini-infer-rank{r}")
+        context.Process(
+            target=_spawned_worker, args=(r, size, store.port, spec), name=f"mini-infer-rank{r}", daemon=True
+        )
         for r in range(1, size)
     ]
     for process in processes:
-        process.daemon = True
         process.start()
     workers = Workers(processes, store, threads_before=threads)
     try:
@@ -343,12 +345,10 @@ def _summary(exc: BaseException) -> str:
 
 
 def _failing_at(step: int, execute: Callable[[ForwardBatch], torch.Tensor]) -> Callable[[ForwardBatch], torch.Tensor]:
-    count = 0
+    steps = itertools.count(1)
 
     def failing(batch: ForwardBatch) -> torch.Tensor:
-        nonlocal count
-        count += 1
-        if count == step:
+        if next(steps) == step:
             raise RuntimeError(f"injected fault in a worker's step {step}")
         return execute(batch)
 
