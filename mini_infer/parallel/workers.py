@@ -113,13 +113,6 @@ class _Step:
         return [SequenceInput(*fields) for fields in self.inputs]
 
 
-@dataclass(frozen=True)
-class _Call:
-    """Run ``function(runner)`` on every rank (``TensorParallelRunner.on_every_rank``)."""
-
-    function: Callable[[ModelRunner], Any]
-
-
 class _Stop:
     pass
 
@@ -194,7 +187,7 @@ class TensorParallelRunner(ModelRunner):
         the results in rank order. ``function`` must be picklable: a module's function."""
         self.workers.check()
         try:
-            self.workers.send(_Call(function))
+            self.workers.send(function)
             gathered: list[Any] = [None] * self.group.size
             dist.gather_object(function(self), gathered, dst=0, group=self.workers.control)
             return gathered
@@ -420,8 +413,8 @@ def _receive(control: dist.ProcessGroup) -> object:
 def _serve(runner: ModelRunner, control: dist.ProcessGroup) -> None:
     """A worker's loop: run each step rank 0 sends, until it says stop."""
     while not isinstance(message := _receive(control), _Stop):
-        if isinstance(message, _Call):
-            dist.gather_object(message.function(runner), None, dst=0, group=control)
-        else:
-            assert isinstance(message, _Step)
+        if isinstance(message, _Step):
             runner.execute(runner.prepare(message.sequence_inputs()))
+        else:  # a function of the runner, for every rank (``TensorParallelRunner.on_every_rank``)
+            assert callable(message)
+            dist.gather_object(message(runner), None, dst=0, group=control)
