@@ -125,7 +125,7 @@ class DecodeGraphs:
             buckets=((0, size, width),),
             batch_query_len=q,
             cache=self.cache,
-            num_heads=self.model.shard.num_attention_heads,
+            num_heads=self.model.config.num_attention_heads,
         )
         return self.model.forward(ids, positions, PagedAttention(self.cache, meta))
 

@@ -214,7 +214,7 @@ def measure_activation_peak(models: list[Qwen2Model], config: EngineConfig) -> i
     if len(models) > 1:
         guesses = torch.empty(config.max_num_batched_tokens, models[0].config.vocab_size, device=device)
     for model in models:
-        scratch = PagedKVCache(model.shard, num_blocks, config.block_size, model.dtype, device)
+        scratch = PagedKVCache(model.config, num_blocks, config.block_size, model.dtype, device)
         runner = ModelRunner(model, scratch)
         logits = runner.execute(runner.prepare(inputs))
         Sampler(config.seed)(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * rows)
@@ -253,7 +253,7 @@ def load_runners(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRu
     dirs = [resolved.model_dir] + ([] if resolved.draft_dir is None else [resolved.draft_dir])
     models = [load_model(d, dtype, device, config.show_progress) for d in dirs]
     num_blocks = size_kv_pool(config, models, [m.config for m in models], max_model_len)
-    runners = [ModelRunner(m, PagedKVCache(m.shard, num_blocks, config.block_size, dtype, device)) for m in models]
+    runners = [ModelRunner(m, PagedKVCache(m.config, num_blocks, config.block_size, dtype, device)) for m in models]
     if device.type == "cuda" and not config.enforce_eager:  # decode steps replay CUDA graphs (chapter 05)
         shape = {"max_num_seqs": config.max_num_seqs, "max_model_len": max_model_len}
         for runner in runners:

@@ -11,10 +11,6 @@ Then ``iter_checkpoint`` yields one tensor at a time through the same handles (n
 parsed twice), so the caller can cast it and copy it into its place on the device and drop it:
 the checkpoint is never held twice.
 
-A tensor-parallel rank (chapter 14) holds a slice of most tensors: ``iter_checkpoint``'s
-``read_part`` reads only that slice from the file (safetensors' ``get_slice``), so no rank ever
-reads a whole tensor it does not keep.
-
 Sharded checkpoints (``model.safetensors.index.json`` plus ``model-0000k-of-0000n``) and single
 files are read the same way. Which names and shapes a Qwen2 checkpoint must have comes from
 ``expected_tensors(config)``, in Hugging Face's naming.
@@ -23,7 +19,7 @@ files are read the same way. Which names and shapes a Qwen2 checkpoint must have
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,13 +174,11 @@ def iter_checkpoint(
     config: ModelConfig,
     *,
     show_progress: bool = True,
-    read_part: Callable[[str, Any], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of the checkpoint, one at a time, memory-mapped.
 
     The tensors are CPU views of the mapped file in the checkpoint's own dtype: the caller casts
-    and copies each one where it belongs, then lets it go. ``read_part(name, f.get_slice(name))``,
-    when given, reads what is wanted of each tensor instead of all of it (chapter 14).
+    and copies each one where it belongs, then lets it go.
     """
     with open_checkpoint(model_dir, config) as tensors:
         # File by file, each in the order of the expected names.
@@ -194,6 +188,5 @@ def iter_checkpoint(
             total=len(tensors), desc="Loading weights", unit="tensor", disable=not show_progress, leave=False
         ) as bar:
             for info, f in tensors:
-                name = info.name
-                yield name, f.get_tensor(name) if read_part is None else read_part(name, f.get_slice(name))
+                yield info.name, f.get_tensor(info.name)
                 bar.update(1)

@@ -30,17 +30,14 @@ the o and down projections, whose outputs are added to it, compute on inputs sca
 ``projection_scale`` (``2**-6``), and the float32 residual adds them scaled back, so that a single
 output past 65,504 is not ``inf`` before it is added (``add_projection``).
 
-Tensor parallelism (chapter 14) plugs in through ``TensorParallel``: a model built with one holds
-shard ``rank`` of ``size`` (``shard_config``: its share of the heads, KV heads, MLP width and
-vocabulary rows), sums the partial outputs of the o and down projections and of the embedding
-over the ranks, and gathers the logits. Without one (``tp=None``) the model is whole and
-``shard == config``.
+The model reaches its embedding, its o and down projections and its output projection only through
+``embed_tokens``, ``add_projection`` and ``compute_logits``: a subclass that overrides those three
+runs the same ``forward`` on a part of the model (chapter 14 splits it over several processes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -70,43 +67,6 @@ class AttentionBackend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q``: ``[T, heads, D]``; ``k``, ``v``: ``[T, kv_heads, D]`` -> ``[T, heads, D]``."""
         ...
-
-
-class TensorParallel(Protocol):
-    """This process's part in a model split over ``size`` processes (chapter 14 builds it on
-    ``torch.distributed``): the two collectives the model calls, each answered on every rank."""
-
-    rank: int
-    size: int
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum of ``x`` over the ranks."""
-        ...
-
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """The ranks' ``x`` side by side along the last axis, in rank order."""
-        ...
-
-
-def shard_config(config: ModelConfig, size: int) -> ModelConfig:
-    """The shapes one of ``size`` tensor-parallel ranks holds: ``1 / size`` of the attention heads,
-    the KV heads and the MLP's width, and ``ceil(vocab / size)`` rows of the vocabulary (the last
-    rank's padded). ``config`` itself for one rank."""
-    if size == 1:
-        return config
-    split = {n: getattr(config, n) for n in ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
-    if any(value % size for value in split.values()):
-        sizes = [n for n in range(1, config.num_key_value_heads + 1) if not any(v % n for v in split.values())]
-        raise ValueError(
-            f"tensor_parallel_size={size} must divide "
-            + ", ".join(f"{name} ({value})" for name, value in split.items())
-            + f": every rank holds the same number of heads; sizes that do: {', '.join(map(str, sizes))}"
-        )
-    return replace(
-        config,
-        **{name: value // size for name, value in split.items()},
-        vocab_size=-(-config.vocab_size // size),
-    )
 
 
 class FullAttention:
@@ -178,22 +138,19 @@ class Qwen2Model(nn.Module):
         config: ModelConfig,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
-        self.tp = tp
-        self.shard = shard_config(config, 1 if tp is None else tp.size)  # what this process holds
-        h, vocab_rows = config.hidden_size, self.shard.vocab_size
-        self.embed = nn.Parameter(torch.empty(vocab_rows, h, dtype=dtype, device=device), requires_grad=False)
-        self.layers = nn.ModuleList(Qwen2Layer(self.shard, dtype, device) for _ in range(config.num_hidden_layers))
+        h, vocab = config.hidden_size, config.vocab_size
+        self.embed = nn.Parameter(torch.empty(vocab, h, dtype=dtype, device=device), requires_grad=False)
+        self.layers = nn.ModuleList(Qwen2Layer(config, dtype, device) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.empty(h, dtype=dtype, device=device), requires_grad=False)
         if config.tie_word_embeddings:
             self.lm_head = self.embed
         else:
-            self.lm_head = nn.Parameter(torch.empty(vocab_rows, h, dtype=dtype, device=device), requires_grad=False)
+            self.lm_head = nn.Parameter(torch.empty(vocab, h, dtype=dtype, device=device), requires_grad=False)
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta, device)
         # float32 under float16 weights: the numerics policy of chapter 02 (layers.residual_dtype).
         self.residual_dtype = residual_dtype(dtype)
@@ -214,8 +171,8 @@ class Qwen2Model(nn.Module):
         return model
 
     def _destination(self, name: str) -> torch.Tensor:
-        """The (slice of the) parameter that checkpoint tensor ``name`` (this rank's shard of it) is copied into."""
-        c = self.shard
+        """The (slice of the) parameter that checkpoint tensor ``name`` is copied into."""
+        c = self.config
         if name == "model.embed_tokens.weight":
             return self.embed
         if name == "model.norm.weight":
@@ -271,7 +228,7 @@ class Qwen2Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm, ``[num_tokens, hidden]``, for flat ``input_ids``."""
-        c = self.shard  # this rank's heads and MLP width (the whole model's without tensor parallelism)
+        c = self.config
         num_tokens = input_ids.shape[0]
         cos, sin = self.rope.cos_sin(positions, self.dtype)
         hidden = self.embed_tokens(input_ids).to(self.residual_dtype)
@@ -290,37 +247,18 @@ class Qwen2Model(nn.Module):
         return rms_norm(hidden, self.norm, c.rms_norm_eps)
 
     def add_projection(self, hidden: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``hidden + x @ weight.T`` (summed over the ranks) for the o and down projections. Under
-        float16 weights ``x`` is first scaled by ``projection_scale`` and the sum adds the output
-        scaled back in the residual's float32, so one output up to 64 x 65,504 stays finite
-        (chapter 02's policy); elsewhere the scale is 1 and this is a plain sum."""
+        """``hidden + x @ weight.T`` for the o and down projections. Under float16 weights ``x`` is
+        first scaled by ``projection_scale`` and the sum adds the output scaled back in the
+        residual's float32, so one output up to 64 x 65,504 stays finite (chapter 02's policy);
+        elsewhere the scale is 1 and this is a plain sum."""
         scale = self.projection_scale
-        out = self.sum_over_ranks(linear(x if scale == 1.0 else x * scale, weight))
-        return hidden.add(out, alpha=1.0 / scale)
-
-    def sum_over_ranks(self, partial: torch.Tensor) -> torch.Tensor:
-        """A row-parallel projection's output: each rank's product of its heads (or MLP columns)
-        is a partial sum; the ranks add them up (chapter 14). Unchanged on one rank."""
-        return partial if self.tp is None else self.tp.all_reduce(partial)
+        return hidden.add(linear(x if scale == 1.0 else x * scale, weight), alpha=1.0 / scale)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The embedding rows of ``input_ids``. Vocabulary-parallel (chapter 14): a rank holds rows
-        ``[rank * n, (rank + 1) * n)``, looks up the ids in its range and gives zeros for the
-        others; the sum over the ranks is every row."""
-        if self.tp is None:
-            return F.embedding(input_ids, self.embed)
-        rows = self.shard.vocab_size
-        local = input_ids - self.tp.rank * rows
-        elsewhere = (local < 0) | (local >= rows)
-        found = F.embedding(local.masked_fill(elsewhere, 0), self.embed).masked_fill(elsewhere[:, None], 0)
-        return self.tp.all_reduce(found)
+        """The embedding rows of ``input_ids``."""
+        return F.embedding(input_ids, self.embed)
 
     def compute_logits(self, hidden: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Logits ``[num_tokens, vocab]`` in ``dtype``: float32 by default, what sampling wants.
-        The engine asks for the model's own dtype and lets the sampler cast when it needs to.
-        Vocabulary-parallel (chapter 14): each rank's rows of the output projection give its
-        columns of the logits; every rank gathers them all (the padding columns dropped)."""
-        logits = linear(hidden, self.lm_head)
-        if self.tp is not None:
-            logits = self.tp.all_gather(logits)[:, : self.config.vocab_size]
-        return logits.to(dtype)
+        The engine asks for the model's own dtype and lets the sampler cast when it needs to."""
+        return linear(hidden, self.lm_head).to(dtype)

@@ -182,7 +182,7 @@ class ModelRunner:
                 buckets=bucket_widths([c for c, _ in group], bs),
                 batch_query_len=batch_q,
                 cache=self.kv_cache,
-                num_heads=self.model.shard.num_attention_heads,
+                num_heads=self.model.config.num_attention_heads,
             )
         return ForwardBatch(
             ids,

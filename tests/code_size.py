@@ -19,8 +19,8 @@ PACKAGE = Path(mini_infer.__file__).parent
 NOT_CORE = ("server/", "bench/", "cli.py", "cli_options.py", "chat_cli.py", "__main__.py", "notebook_env.py")
 NOT_CORE += ("tokenizer.py", "chat_template.py", "model_source.py", "offline_models.py", "tiny_corpus.py")
 # The student track's tooling and graded tests (chapter-by-chapter course material, never run by the
-# engine), and tensor parallelism's benchmark and launcher.
-NOT_CORE += ("course/", "parallel/bench.py", "parallel/__main__.py")
+# engine), and tensor parallelism's benchmark.
+NOT_CORE += ("course/", "parallel/bench.py")
 _LAYOUT = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
 
 

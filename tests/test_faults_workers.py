@@ -2,11 +2,13 @@
 
 A worker that fails while serving is reported with its own error, not only its exit code; one
 that dies before running any of the worker's code (a script without the ``__main__`` guard, or
-one read from stdin, re-run by the spawned interpreter) gets a message that says so.
+one read from stdin, re-run by the spawned interpreter) gets a message that says so. So is one
+that fails in a function rank 0 runs on every rank (``TensorParallelRunner.on_every_rank``).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,8 @@ import pytest
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.faults import WORKER_FAULT_ENV
-from mini_infer.parallel.workers import WorkerDiedError
+from mini_infer.model_runner import ModelRunner
+from mini_infer.parallel.workers import TensorParallelRunner, WorkerDiedError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -63,3 +66,30 @@ def test_a_worker_that_fails_a_step_is_reported_with_its_own_error(
     message = str(died.value)
     assert "tensor-parallel worker rank 1" in message and "exited with code 1" in message
     assert "RuntimeError: injected fault in a worker's step 1 (at " in message
+
+
+def _fails_on_a_worker(runner: ModelRunner) -> int:
+    """Raises on every rank but rank 0 (whose runner is the ``TensorParallelRunner``)."""
+    if not isinstance(runner, TensorParallelRunner):
+        raise ValueError("this function fails on the workers")
+    return 0
+
+
+def test_a_function_that_fails_on_a_worker_is_reported_with_its_own_error(tiny_model_dir: Path) -> None:
+    with LLM(
+        str(tiny_model_dir), dtype="float32", num_kv_blocks=16, tensor_parallel_size=2, show_progress=False
+    ) as llm:
+        runner = llm.engine.runner
+        assert isinstance(runner, TensorParallelRunner)
+        assert (pids := runner.on_every_rank(_pid))[0] == os.getpid() != pids[1]
+        with pytest.raises(WorkerDiedError) as died:
+            runner.on_every_rank(_fails_on_a_worker)
+        message = str(died.value)
+        assert "tensor-parallel worker rank 1" in message and "exited with code 1" in message
+        assert "ValueError: this function fails on the workers (at " in message
+        with pytest.raises(WorkerDiedError):  # for good
+            llm.generate(["hello"], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def _pid(runner: ModelRunner) -> int:
+    return os.getpid()

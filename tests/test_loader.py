@@ -142,18 +142,3 @@ def test_weights_cast_to_target_dtype(tiny_model_dir, dtype):
 def test_progress_bar_shown(tiny_model_dir, capsys):
     Qwen2Model.from_pretrained(tiny_model_dir, show_progress=True)
     assert "Loading weights" in capsys.readouterr().err
-
-
-def test_read_part_reads_only_what_it_asks_for(tiny_model_dir):
-    """Tensor parallelism (chapter 14) reads one rank's slice of each tensor through ``read_part``."""
-    config = ModelConfig.from_model_dir(tiny_model_dir)
-    whole = dict(iter_checkpoint(tiny_model_dir, config, show_progress=False))
-    asked = []
-
-    def first_row(name, tensor_slice):
-        asked.append(name)
-        return tensor_slice[:1]
-
-    parts = dict(iter_checkpoint(tiny_model_dir, config, show_progress=False, read_part=first_row))
-    assert sorted(asked) == sorted(whole)
-    assert all(torch.equal(parts[name], whole[name][:1]) for name in whole)

@@ -15,9 +15,10 @@ from safetensors import safe_open
 
 from mini_infer.config import ModelConfig
 from mini_infer.loader import checkpoint_files, expected_tensors
-from mini_infer.model import FullAttention, Qwen2Model, shard_config
+from mini_infer.model import FullAttention, Qwen2Model
 from mini_infer.offline_models import write_random_model
-from mini_infer.parallel.shards import RankGroup, load_shard, read_shard, shard_range, split_axis
+from mini_infer.parallel import shards
+from mini_infer.parallel.shards import RankGroup, load_shard, read_shard, shard_config, shard_range, split_axis
 
 
 def test_split_axis_follows_megatron(tiny_model_dir: Path) -> None:
@@ -84,6 +85,24 @@ def test_read_shard_reads_only_the_ranks_slice(tmp_path: Path) -> None:
         assert torch.equal(last[:255], embed[256:]) and not last[255].any()
 
 
+class _CountingGroup(RankGroup):
+    """A ``RankGroup`` that counts its collectives and the bytes each contributes."""
+
+    num_collectives = 0
+    payload_bytes = 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().all_reduce(x)
+        self.num_collectives += 1
+        self.payload_bytes += out.numel() * out.element_size()
+        return out
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        self.num_collectives += 1
+        self.payload_bytes += x.numel() * x.element_size()
+        return super().all_gather(x)
+
+
 def _run_ranks(size: int, fn: Any) -> list[Any]:
     """``fn(group)`` on ``size`` threads, each a rank of one in-process gloo group."""
     store = dist.HashStore()
@@ -93,7 +112,7 @@ def _run_ranks(size: int, fn: Any) -> list[Any]:
     def rank_main(rank: int) -> None:
         try:
             pg = dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, size, datetime.timedelta(seconds=60))
-            results[rank] = fn(RankGroup(rank, size, pg))
+            results[rank] = fn(_CountingGroup(rank, size, pg))
         except BaseException as exc:  # noqa: BLE001  (re-raised below, in the test's thread)
             errors.append(exc)
 
@@ -122,7 +141,7 @@ def test_a_model_split_over_two_ranks_computes_the_whole_models_logits(
     with torch.inference_mode():
         expected = whole.compute_logits(whole.forward(ids, positions, FullAttention()))
 
-    def shard_logits(group: RankGroup) -> tuple[torch.Tensor, RankGroup]:
+    def shard_logits(group: _CountingGroup) -> tuple[torch.Tensor, _CountingGroup]:
         model = load_shard(model_dir, config, torch.float32, torch.device("cpu"), group, show_progress=False)
         with torch.inference_mode():
             return model.compute_logits(model.forward(ids, positions, FullAttention())), group
@@ -136,3 +155,27 @@ def test_a_model_split_over_two_ranks_computes_the_whole_models_logits(
     hidden_bytes = len(ids) * config.hidden_size * 4
     vocab_bytes = len(ids) * shard_config(config, 2).vocab_size * 4
     assert group0.payload_bytes == (1 + 2 * config.num_hidden_layers) * hidden_bytes + vocab_bytes
+
+
+def test_a_rank_reads_every_tensor_through_its_slice(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load_shard`` reads each checkpoint tensor with ``read_shard`` (which reads only the rank's
+    slice, above), never whole; and the shard it builds holds exactly those slices."""
+    config = ModelConfig.from_model_dir(tiny_model_dir)
+    read: list[str] = []
+
+    def recording(name: str, tensor: Any, *, rank: int, size: int) -> torch.Tensor:
+        read.append(name)
+        assert (rank, size) == (1, 2)
+        return read_shard(name, tensor, rank=rank, size=size)
+
+    monkeypatch.setattr(shards, "read_shard", recording)
+    model = load_shard(tiny_model_dir, config, torch.float32, torch.device("cpu"), RankGroup(1, 2), show_progress=False)
+    assert sorted(read) == sorted(expected_tensors(config))
+    whole = Qwen2Model.from_pretrained(tiny_model_dir, show_progress=False)
+    half = config.intermediate_size // 2
+    assert torch.equal(model.layers[0].down_weight, whole.layers[0].down_weight[:, half:])
+    assert torch.equal(model.embed, whole.embed[model.vocab_rows :])  # the tiny vocabulary splits evenly
+    assert (model.config.num_attention_heads, model.config.vocab_size) == (
+        config.num_attention_heads // 2,
+        config.vocab_size,
+    )

@@ -1,6 +1,6 @@
 """Tensor-parallel engines on this CPU, two ranks on gloo (chapter 14): the same greedy tokens as one
 rank and as ``transformers`` under preemption, chunked prefill and the prefix cache; the flag on
-the command line and under ``torchrun``; the server streaming from two ranks; a killed worker
+the command line; the server streaming from two ranks; a killed worker
 failing the engine instead of hanging it; no process left behind; the refusals."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import multiprocessing
-import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -24,13 +22,14 @@ from typing import Any
 import httpx
 import pytest
 import torch
-import torch.distributed as dist
 
 from mini_infer import LLM, SamplingParams
 from mini_infer.cli import main as cli_main
 from mini_infer.config import ModelConfig
 from mini_infer.engine_builder import EngineConfig, ResolvedModels
 from mini_infer.model_source import resolve_model
+from mini_infer.parallel.bench import rank_reports, trace_ranks
+from mini_infer.parallel.shards import ShardedQwen2Model
 from mini_infer.parallel.workers import TensorParallelRunner, WorkerDiedError, launch
 from mini_infer.server import BackgroundServer, ServerConfig, build_app
 from mini_infer.tiny_corpus import TASKS, held_out_questions
@@ -74,10 +73,11 @@ def tight_case(tiny_model_dir: Path) -> tuple[Path, list[list[int]], list[list[i
 def test_two_ranks_decode_like_one_rank_and_transformers(tight_case: Any) -> None:
     model_dir, prompts, expected = tight_case
     with LLM(str(model_dir), tensor_parallel_size=2, **TIGHT) as llm:
+        trace_ranks(_runner(llm))
         outputs = run_checked(llm.engine, prompts, GREEDY)
         stats = llm.stats()
         assert_all_blocks_back(llm.engine)
-        reports = _runner(llm).reports()
+        reports = rank_reports(_runner(llm))
         processes = list(_runner(llm).workers.processes)
     assert [o.token_ids for o in outputs] == expected
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_tokens"] > 0
@@ -111,25 +111,6 @@ def test_the_command_line_flag_splits_an_untied_model(model_dirs: dict[str, Path
     assert not multiprocessing.active_children()
 
 
-def test_torchrun_starts_every_rank(tiny_model_dir: Path) -> None:
-    argv = ["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--num-kv-blocks", "64"]
-    argv += ["--prompt", "hello world", "--max-tokens", "8", "--json", "--tensor-parallel-size", "2"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    done = subprocess.run(
-        command + ["-m", "mini_infer.parallel", *argv],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    expected = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False).generate(
-        ["hello world"], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False
-    )
-    assert json.loads(line)["token_ids"] == expected[0].token_ids
-
-
 def test_a_draft_runs_whole_on_rank_0_and_keeps_the_greedy_tokens() -> None:
     # The shipped pair (a draft that learned the target's text, so that guesses are often kept),
     # with a pool small enough to preempt and a budget that chunks the prompts.
@@ -157,53 +138,12 @@ def test_a_draft_runs_whole_on_rank_0_and_keeps_the_greedy_tokens() -> None:
     target, draft = _runner(llm), llm.engine.drafter.runner  # type: ignore[union-attr]
     assert not isinstance(draft, TensorParallelRunner)
     draft_config = ModelConfig.from_model_dir(resolve_model("tiny-draft"))
-    assert target.model.shard.num_attention_heads == target.model.config.num_attention_heads // 2
-    assert draft.model.shard.num_attention_heads == draft_config.num_attention_heads
+    assert isinstance(target.model, ShardedQwen2Model)
+    assert target.model.config.num_attention_heads == target.model.whole.num_attention_heads // 2
+    assert target.model.config.vocab_size == target.model.whole.vocab_size  # the logits are whole
+    assert draft.model.config == draft_config
     assert draft.kv_cache.num_blocks == target.kv_cache.num_blocks == options["num_kv_blocks"]
     assert _all_ended(target.workers.processes)
-
-
-def test_torchrun_on_two_machines_simulated_on_this_one(tiny_model_dir: Path) -> None:
-    """Two torchrun processes, one per "machine" (``--nnodes 2``, a rank each), that meet at a c10d
-    rendezvous as separate machines would: each learns its rank from the rendezvous, not from a
-    shared launcher."""
-    if not dist.is_available():
-        pytest.skip("this torch has no torch.distributed, so no torchrun: nothing to simulate")
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    argv = ["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--num-kv-blocks", "64"]
-    argv += ["--prompt", "hello world", "--max-tokens", "8", "--json", "--tensor-parallel-size", "2"]
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
-            + ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-            + ["--rdzv-id", f"mini-infer-test-{port}", "-m", "mini_infer.parallel", *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-        for node in (0, 1)
-    ]
-    deadline = time.monotonic() + 60
-    results = []
-    try:
-        for node in nodes:
-            results.append(node.communicate(timeout=max(deadline - time.monotonic(), 1)))
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.communicate()
-    for node, (_, stderr) in zip(nodes, results):
-        assert node.returncode == 0, stderr[-3000:]
-    # The rendezvous, not --node-rank, decides which machine holds rank 0: one of them prints.
-    (line,) = [line for stdout, _ in results for line in stdout.splitlines() if line.startswith("{")]
-    expected = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=64, show_progress=False).generate(
-        ["hello world"], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False
-    )
-    assert json.loads(line)["token_ids"] == expected[0].token_ids
 
 
 @contextmanager

@@ -15,27 +15,157 @@ share of rank 0's step spent inside the all-reduces (and the logits' all-gather)
 counts from entering the collective to leaving it, so it includes waiting for the slowest rank:
 on a CPU whose cores the ranks share it is mostly waiting; on GPUs it is mostly the transfer.
 There is no ``transformers`` baseline here: the other workloads of ``bench offline`` give it.
+
+The tracing lives here, not in the engine: ``trace_ranks`` wraps every rank's step and collectives
+(through ``TensorParallelRunner.on_every_rank``) so that they count what goes through them, and
+``rank_reports`` collects each rank's description of itself and of its last step. Chapter 14 reads
+both.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mini_infer.bench.common import write_results
-from mini_infer.device import resolve_device, resolve_dtype
+from mini_infer.device import resolve_device, resolve_dtype, synchronize
 from mini_infer.llm import LLM
+from mini_infer.model_runner import ForwardBatch, ModelRunner
 from mini_infer.offline_models import random_model_dir, random_prompts
+from mini_infer.parallel.shards import ShardedQwen2Model
 from mini_infer.parallel.workers import TensorParallelRunner
 from mini_infer.sampling_params import SamplingParams
 
 WORKLOADS = ("throughput", "decode", "prefill")
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """What a rank did: steps, and its last step's tokens, gather rows and collectives."""
+
+    steps: int = 0
+    num_tokens: int = 0
+    gather_rows: int = 0
+    collectives: int = 0
+    payload_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank, as it describes itself (``rank_reports``)."""
+
+    rank: int
+    pid: int
+    device: str
+    num_heads: int  # query heads it holds
+    num_kv_heads: int
+    kv_pool_shape: tuple[int, ...]  # its K pool (V is the same): [layers, kv_heads, blocks + 1, block_size, D]
+    last_step: StepTrace
+
+
+class _Counters:
+    """A rank's collectives, counted (and, when ``timed``, timed) as they go through its group."""
+
+    def __init__(self) -> None:
+        self.collectives = 0
+        self.payload_bytes = 0  # what this rank contributes, summed over the collectives
+        self.timed = False
+        self.seconds = {"all_reduce": 0.0, "all_gather": 0.0}
+        self.trace = StepTrace()
+
+    @contextmanager
+    def counted(self, kind: str, x: torch.Tensor) -> Iterator[None]:
+        """Count one collective; with ``timed``, also its seconds, synchronising the device around
+        it (so only for measurements): waiting for the slowest rank included."""
+        self.collectives += 1
+        self.payload_bytes += (
+            x.numel() * x.element_size() * (2 if kind == "all_reduce" and x.dtype == torch.float16 else 1)
+        )
+        if not self.timed:
+            yield
+            return
+        synchronize(x.device)
+        start = time.perf_counter()
+        yield
+        synchronize(x.device)
+        self.seconds[kind] += time.perf_counter() - start
+
+
+def _counters(runner: ModelRunner) -> _Counters:
+    counters = getattr(runner, "_bench_counters", None)
+    assert isinstance(counters, _Counters), "trace_ranks(runner) first"
+    return counters
+
+
+def _install(runner: ModelRunner) -> None:
+    """On one rank: wrap its group's collectives and its runner's step so that they count."""
+    if hasattr(runner, "_bench_counters"):
+        return
+    model = runner.model
+    assert isinstance(model, ShardedQwen2Model)
+    counters = _Counters()
+    group, execute = model.group, runner.execute
+
+    def wrap(kind: str, collective: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def counted(x: torch.Tensor) -> torch.Tensor:
+            with counters.counted(kind, x):
+                return collective(x)
+
+        return counted
+
+    def traced(batch: ForwardBatch) -> torch.Tensor:
+        collectives, payload = counters.collectives, counters.payload_bytes
+        logits = execute(batch)
+        meta, trace = batch.attention, counters.trace
+        trace.steps += 1
+        trace.num_tokens = batch.num_tokens
+        if meta is not None:  # None: the static decode step served the batch (chapter 05)
+            trace.gather_rows = sum(s.pool_rows.numel() for s in meta.prefills if s.pool_rows is not None)
+            trace.gather_rows += sum(b.pool_rows.numel() for b in meta.buckets)
+        trace.collectives = counters.collectives - collectives
+        trace.payload_bytes = counters.payload_bytes - payload
+        return logits
+
+    group.all_reduce = wrap("all_reduce", group.all_reduce)  # type: ignore[method-assign,assignment]
+    group.all_gather = wrap("all_gather", group.all_gather)  # type: ignore[method-assign,assignment]
+    runner.execute = traced  # type: ignore[method-assign]
+    runner._bench_counters = counters  # type: ignore[attr-defined]
+
+
+def _report(runner: ModelRunner) -> RankReport:
+    config = runner.model.config  # a shard's: its own heads and KV heads
+    counters = getattr(runner, "_bench_counters", None) or _Counters()  # an untraced rank: no steps
+    assert isinstance(runner.model, ShardedQwen2Model)
+    return RankReport(
+        runner.model.group.rank,
+        os.getpid(),
+        str(runner.device),
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        tuple(runner.kv_cache.k.shape),
+        replace(counters.trace),
+    )
+
+
+def trace_ranks(runner: TensorParallelRunner) -> None:
+    """From now on every rank counts its steps and collectives (``rank_reports`` reads them)."""
+    runner.on_every_rank(_install)
+
+
+def rank_reports(runner: TensorParallelRunner) -> list[RankReport]:
+    """Every rank's description of itself and of its last step traced since ``trace_ranks`` (an
+    empty ``StepTrace`` before), rank 0 first."""
+    return runner.on_every_rank(_report)
 
 
 def timed_steps(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
@@ -44,8 +174,10 @@ def timed_steps(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[dic
     N ranks, rank 0's seconds in each collective."""
     engine = llm.engine
     runner = engine.runner
-    group = runner.group if isinstance(runner, TensorParallelRunner) else None
-    if group is not None:
+    group = None
+    if isinstance(runner, TensorParallelRunner):
+        trace_ranks(runner)
+        group = _counters(runner)  # rank 0's: its seconds in each collective
         group.timed = True
     engine.step_log = []
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

@@ -26,22 +26,25 @@ the step's ``SequenceInput``s on the control group and runs its shard; each work
 ``ForwardBatch`` from the same inputs (its gather rows follow its own KV heads) and runs its shard.
 The model's collectives keep the ranks in step; every rank ends with the logits; rank 0 samples.
 
+Rank 0 can also run a function on every rank between steps (``TensorParallelRunner.on_every_rank``,
+a picklable function of each rank's ``ModelRunner``): the benchmark traces and describes the ranks
+with it (``parallel.bench``).
+
 Lifecycle: ``close`` (from ``LLM.close``, the engine's ``close``, the server's stop, or garbage
 collection through ``weakref.finalize``) tells the workers to stop, joins them, ends those that do
 not leave, destroys the process groups and gives rank 0 its CPU threads back. A worker that dies
 fails the next step, or the collective it was in, with ``WorkerDiedError`` naming it and its own
 error (a spawned worker writes it to the store as it dies); one that died before running any of
 this module failed in re-running the main module, and the error says that a script must build a
-tensor-parallel ``LLM`` under ``if __name__ == "__main__":``. Nothing waits on a dead worker. A worker whose rank 0 has gone sees its control group fail, and a watchdog
-thread ends it if its parent process is gone.
-
-Under ``torchrun`` (``__main__``) every rank is started by ``torchrun``, on one machine or several:
-rank 0 runs a ``mini-infer`` command and sends the workers what to build instead of spawning them.
+tensor-parallel ``LLM`` under ``if __name__ == "__main__":``. Nothing waits on a dead worker. A
+worker whose rank 0 has gone sees its control group fail, and a watchdog thread ends it if its
+parent process is gone.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import multiprocessing
 import os
 import sys
@@ -51,7 +54,7 @@ import traceback
 import weakref
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -65,9 +68,9 @@ from mini_infer.config import ModelConfig
 from mini_infer.engine_builder import EngineConfig, ResolvedModels, load_model, size_kv_pool
 from mini_infer.faults import WORKER_FAULT_ENV
 from mini_infer.kv.paged_attention import PagedKVCache
-from mini_infer.model import Qwen2Model, shard_config
+from mini_infer.model import Qwen2Model
 from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
-from mini_infer.parallel.shards import RankGroup, load_shard
+from mini_infer.parallel.shards import RankGroup, ShardedQwen2Model, load_shard, shard_config
 
 # The ranks run the same step, so a collective's partners arrive within a layer's time of each
 # other; one that waits longer than this gives up. Workers wait for the next step on the control
@@ -91,7 +94,7 @@ class RankSpec:
     config: EngineConfig
     model_dir: Path
     dtype: torch.dtype
-    device: torch.device  # rank 0's; on CUDA rank r uses the r-th GPU after it (under torchrun: LOCAL_RANK)
+    device: torch.device  # rank 0's; on CUDA rank r uses the r-th GPU after it
     max_model_len: int
     num_threads: int  # torch threads of each rank on a CPU: the cores shared out
 
@@ -110,36 +113,8 @@ class _Step:
         return [SequenceInput(*fields) for fields in self.inputs]
 
 
-class _Report:
-    pass
-
-
 class _Stop:
     pass
-
-
-@dataclass(slots=True)
-class _Trace:
-    """What a rank did: steps, and its last step's tokens, gather rows and collectives."""
-
-    steps: int = 0
-    num_tokens: int = 0
-    gather_rows: int = 0
-    collectives: int = 0
-    payload_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class RankReport:
-    """One rank, as it describes itself (``TensorParallelRunner.reports``)."""
-
-    rank: int
-    pid: int
-    device: str
-    num_heads: int  # query heads it holds
-    num_kv_heads: int
-    kv_pool_shape: tuple[int, ...]  # its K pool (V is the same): [layers, kv_heads, blocks + 1, block_size, D]
-    last_step: _Trace
 
 
 def launch(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
@@ -152,57 +127,44 @@ def launch(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRunner]:
     _refuse_what_cannot_work(config, ModelConfig.from_model_dir(model_dir), device)
     threads = torch.get_num_threads()
     spec = RankSpec(config, model_dir, dtype, device, resolved.max_model_len, max(1, threads // size))
-    store = None
-    if _under_torchrun():
-        if dist.get_world_size() != size or dist.get_rank() != 0:
-            raise ValueError(
-                f"torchrun started {dist.get_world_size()} ranks but tensor_parallel_size is {size}: give "
-                f"torchrun --nproc-per-node (times --nnodes) {size}; rank 0 builds the engine"
-            )
-        workers = Workers([], owns_world=False, threads_before=None)
-    elif dist.is_initialized():
+    if dist.is_initialized():
         raise RuntimeError(
             "this process already belongs to a torch.distributed group (is another tensor-parallel engine "
             "still open? close it: llm.close(), or use `with LLM(...) as llm`)"
         )
-    else:
-        store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
-        context = mp.get_context("spawn")
-        processes: list[BaseProcess] = [
-            context.Process(target=_spawned_worker, args=(r, size, store.port, spec), name=f"mini-infer-rank{r}")
-            for r in range(1, size)
-        ]
-        for process in processes:
-            process.daemon = True
-            process.start()
-        workers = Workers(processes, owns_world=True, threads_before=threads, store=store)
+    store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
+    context = mp.get_context("spawn")
+    processes: list[BaseProcess] = [
+        context.Process(
+            target=_spawned_worker, args=(r, size, store.port, spec), name=f"mini-infer-rank{r}", daemon=True
+        )
+        for r in range(1, size)
+    ]
+    for process in processes:
+        process.start()
+    workers = Workers(processes, store, threads_before=threads)
     try:
-        if store is None:  # torchrun: the workers learn what to build from rank 0
-            workers.control = _join(device, 0, size, None)
-            workers.send(spec)
-        elif device.type == "cpu":
+        if device.type == "cpu":
             torch.set_num_threads(spec.num_threads)
-        model, group = _load(spec, 0, size)
+        model = _load(spec, 0, size)
         drafts = [] if draft_dir is None else [load_model(draft_dir, dtype, model.device, config.show_progress)]
-        if store is not None:
-            _wait_until_loaded(store, workers, size)
-            workers.control = _join(device, 0, size, store)
-        cache, *draft_caches = _allocate_kv_caches(spec, [model, *drafts], workers.control)
+        _wait_until_loaded(store, workers, size)
+        workers.control = control = _join(device, 0, size, store)
+        cache, *draft_caches = _allocate_kv_caches(spec, model, drafts, control)
     except BaseException as exc:
         workers.failed(exc)
         workers.close()
         raise
-    runner = TensorParallelRunner(model, cache, group, workers)
+    runner = TensorParallelRunner(model, cache, workers)
     return [runner, *(ModelRunner(d, c) for d, c in zip(drafts, draft_caches))]
 
 
 class TensorParallelRunner(ModelRunner):
     """Rank 0's runner: every step goes to the workers first, then through rank 0's own shard."""
 
-    def __init__(self, model: Qwen2Model, kv_cache: PagedKVCache, group: RankGroup, workers: Workers) -> None:
+    def __init__(self, model: ShardedQwen2Model, kv_cache: PagedKVCache, workers: Workers) -> None:
         super().__init__(model, kv_cache)
-        self.group, self.workers = group, workers
-        self.trace = _Trace()
+        self.group, self.workers = model.group, workers
         # Garbage collection and the interpreter's exit close the workers too.
         self._finalizer = weakref.finalize(self, workers.close)
 
@@ -210,7 +172,7 @@ class TensorParallelRunner(ModelRunner):
         self.workers.check()
         try:
             self.workers.send(_Step.of(batch.inputs))
-            return _traced(self.trace, self.group, batch, super().execute)
+            return super().execute(batch)
         except Exception as exc:  # a rank died mid-step, or the ranks are out of step: either is fatal
             raise self.workers.failed(exc) from exc
 
@@ -220,30 +182,26 @@ class TensorParallelRunner(ModelRunner):
     def close(self) -> None:
         self._finalizer()
 
-    def reports(self) -> list[RankReport]:
-        """Every rank's description of itself and of its last step, rank 0 first."""
+    def on_every_rank(self, function: Callable[[ModelRunner], Any]) -> list[Any]:
+        """``function(runner)`` on every rank, between steps, with each rank's own ``ModelRunner``;
+        the results in rank order. ``function`` must be picklable: a module's function."""
         self.workers.check()
-        self.workers.send(_Report())
-        gathered: list[Any] = [None] * self.group.size
-        dist.gather_object(_report(self, self.group, self.trace), gathered, dst=0, group=self.workers.control)
-        return gathered
+        try:
+            self.workers.send(function)
+            gathered: list[Any] = [None] * self.group.size
+            dist.gather_object(function(self), gathered, dst=0, group=self.workers.control)
+            return gathered
+        except Exception as exc:
+            raise self.workers.failed(exc) from exc
 
 
 class Workers:
-    """Ranks 1..N-1 as rank 0 sees them: their processes (none under torchrun), the control group,
-    the first failure, and how they end."""
+    """Ranks 1..N-1 as rank 0 sees them: their processes, the control group, the first failure,
+    and how they end."""
 
-    def __init__(
-        self,
-        processes: list[BaseProcess],
-        *,
-        owns_world: bool,
-        threads_before: int | None,
-        store: dist.Store | None = None,
-    ) -> None:
+    def __init__(self, processes: list[BaseProcess], store: dist.Store, *, threads_before: int) -> None:
         self.processes = processes
         self.store = store  # where spawned workers say that they started, and why they failed
-        self.owns_world = owns_world  # rank 0 made the process groups (not torchrun): it destroys them
         self.threads_before = threads_before
         self.control: dist.ProcessGroup | None = None
         self.error: str | None = None
@@ -267,8 +225,6 @@ class Workers:
     def _death_of(self, rank: int, process: BaseProcess) -> str:
         """A dead worker, with its own error when it told the store one, or why it never started."""
         died = f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
-        if self.store is None:
-            return died
         with suppress(Exception):  # the store is rank 0's: it answers unless rank 0 is closing
             if self.store.check([f"error/{rank}"]):
                 return f"{died}: {self.store.get(f'error/{rank}').decode()}"
@@ -311,35 +267,10 @@ class Workers:
             if process.is_alive():
                 process.kill()
                 process.join()
-        if self.owns_world and dist.is_initialized():
+        if dist.is_initialized():
             with suppress(Exception):
                 dist.destroy_process_group()
-        if self.threads_before is not None:
-            torch.set_num_threads(self.threads_before)
-
-
-def rank_device(device: torch.device, rank: int) -> torch.device:
-    """The device of rank ``rank``: the CPU for every rank; on CUDA the ``rank``-th GPU from
-    rank 0's (under torchrun, ``cuda:LOCAL_RANK``: one process per GPU of each machine)."""
-    if device.type != "cuda":
-        return device
-    local = os.environ.get("LOCAL_RANK") if _under_torchrun() else None
-    return torch.device("cuda", int(local) if local is not None else (device.index or 0) + rank)
-
-
-def serve_torchrun_rank() -> None:
-    """A rank 1..N-1 that torchrun started: learn what to build from rank 0, then serve its steps."""
-    rank, size = dist.get_rank(), dist.get_world_size()
-    control = _join(torch.device("cpu"), rank, size, None)
-    spec = _receive(control)
-    assert isinstance(spec, RankSpec)
-    model, group = _load(spec, rank, size)
-    (cache,) = _allocate_kv_caches(spec, [model], control)
-    _serve(ModelRunner(model, cache), group, control)
-
-
-def _under_torchrun() -> bool:
-    return dist.is_initialized() and "TORCHELASTIC_RUN_ID" in os.environ
+        torch.set_num_threads(self.threads_before)
 
 
 def _refuse_what_cannot_work(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> None:
@@ -355,7 +286,7 @@ def _refuse_what_cannot_work(config: EngineConfig, model_config: ModelConfig, de
             "supported here): pass enforce_eager=True (--enforce-eager); a tensor-parallel engine runs eagerly"
         )
     first, count = device.index or 0, torch.cuda.device_count()
-    if not _under_torchrun() and first + size > count:
+    if first + size > count:
         raise ValueError(
             f"tensor_parallel_size={size} needs one GPU per rank (cuda:{first} to cuda:{first + size - 1}), "
             f"but this machine has {count}: use tensor_parallel_size={max(count - first, 1)} or fewer"
@@ -370,14 +301,14 @@ def _spawned_worker(rank: int, size: int, port: int, spec: RankSpec) -> None:
     try:
         if spec.device.type == "cpu":
             torch.set_num_threads(spec.num_threads)
-        model, group = _load(spec, rank, size)
+        model = _load(spec, rank, size)
         store.set(f"loaded/{rank}", "1")
         control = _join(spec.device, rank, size, store)
-        (cache,) = _allocate_kv_caches(spec, [model], control)
+        (cache,) = _allocate_kv_caches(spec, model, [], control)
         runner = ModelRunner(model, cache)
         if os.environ.get(WORKER_FAULT_ENV):  # a test's injected fault (``faults``)
             runner.execute = _failing_at(int(os.environ[WORKER_FAULT_ENV]), runner.execute)  # type: ignore[method-assign,assignment]
-        _serve(runner, group, control)
+        _serve(runner, control)
     except BaseException as exc:
         with suppress(Exception):  # rank 0 reads it when it sees this process gone
             store.set(f"error/{rank}", _summary(exc))
@@ -407,12 +338,10 @@ def _summary(exc: BaseException) -> str:
 
 
 def _failing_at(step: int, execute: Callable[[ForwardBatch], torch.Tensor]) -> Callable[[ForwardBatch], torch.Tensor]:
-    count = 0
+    steps = itertools.count(1)
 
     def failing(batch: ForwardBatch) -> torch.Tensor:
-        nonlocal count
-        count += 1
-        if count == step:
+        if next(steps) == step:
             raise RuntimeError(f"injected fault in a worker's step {step}")
         return execute(batch)
 
@@ -431,14 +360,15 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="mini-infer-parent-watch", daemon=True).start()
 
 
-def _load(spec: RankSpec, rank: int, size: int) -> tuple[Qwen2Model, RankGroup]:
-    device = rank_device(spec.device, rank)
+def _load(spec: RankSpec, rank: int, size: int) -> ShardedQwen2Model:
+    device = spec.device  # every rank on the CPU; on CUDA the rank-th GPU from rank 0's
     if device.type == "cuda":
+        device = torch.device("cuda", (device.index or 0) + rank)
         torch.cuda.set_device(device)
     group = RankGroup(rank, size)  # on the default group, joined before the first collective
     config = ModelConfig.from_model_dir(spec.model_dir)
     show_progress = spec.config.show_progress and rank == 0
-    return load_shard(spec.model_dir, config, spec.dtype, device, group, show_progress), group
+    return load_shard(spec.model_dir, config, spec.dtype, device, group, show_progress)
 
 
 def _wait_until_loaded(store: dist.Store, workers: Workers, size: int) -> None:
@@ -448,32 +378,30 @@ def _wait_until_loaded(store: dist.Store, workers: Workers, size: int) -> None:
         time.sleep(0.05)
 
 
-def _join(device: torch.device, rank: int, size: int, store: dist.Store | None) -> dist.ProcessGroup:
-    """Join the default group (the tensors'; torchrun has joined it already when ``store`` is
-    None) and return the control group."""
-    if store is not None:
-        backend = "gloo" if device.type == "cpu" else "cpu:gloo,cuda:nccl"
-        prefixed = dist.PrefixStore("mini-infer", store)
-        dist.init_process_group(backend, store=prefixed, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
+def _join(device: torch.device, rank: int, size: int, store: dist.Store) -> dist.ProcessGroup:
+    """Join the default group (the tensors') and return the control group."""
+    backend = "gloo" if device.type == "cpu" else "cpu:gloo,cuda:nccl"
+    prefixed = dist.PrefixStore("mini-infer", store)
+    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     assert control is not None
     return control
 
 
 def _allocate_kv_caches(
-    spec: RankSpec, models: list[Qwen2Model], control: dist.ProcessGroup | None
+    spec: RankSpec, model: ShardedQwen2Model, drafts: list[Qwen2Model], control: dist.ProcessGroup
 ) -> list[PagedKVCache]:
-    """This rank's part of the KV pool (``models[0]``, its shard) and, on rank 0 with a draft, the
-    draft's whole pool (``models[1]``), with the block count all ranks agree on (the smallest)."""
-    config, model, device = spec.config, models[0], models[0].device
+    """This rank's part of the KV pool (``model``, its shard) and, on rank 0 with a draft, the
+    draft's whole pool, with the block count all ranks agree on (the smallest)."""
+    config, device, models = spec.config, model.device, [model, *drafts]
     # One shared memory (size as one process would), or a card each (this rank's shard); a draft
     # is whole wherever it runs. On GPUs every rank measures its peak at once: the target's
     # measured step (first, before rank 0's draft) has collectives that need them all.
-    kept = [model.config if device.type == "cpu" else model.shard] + [d.config for d in models[1:]]
+    kept = [model.whole if device.type == "cpu" else model.config] + [d.config for d in drafts]
     blocks = size_kv_pool(config, models, kept, spec.max_model_len)
     agreed = torch.tensor([blocks])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control)
-    return [PagedKVCache(m.shard, int(agreed.item()), config.block_size, spec.dtype, device) for m in models]
+    return [PagedKVCache(m.config, int(agreed.item()), config.block_size, spec.dtype, device) for m in models]
 
 
 def _receive(control: dist.ProcessGroup) -> object:
@@ -482,41 +410,11 @@ def _receive(control: dist.ProcessGroup) -> object:
     return box[0]
 
 
-def _serve(runner: ModelRunner, group: RankGroup, control: dist.ProcessGroup) -> None:
+def _serve(runner: ModelRunner, control: dist.ProcessGroup) -> None:
     """A worker's loop: run each step rank 0 sends, until it says stop."""
-    trace = _Trace()
     while not isinstance(message := _receive(control), _Stop):
-        if isinstance(message, _Report):
-            dist.gather_object(_report(runner, group, trace), None, dst=0, group=control)
-        else:
-            assert isinstance(message, _Step)
-            _traced(trace, group, runner.prepare(message.sequence_inputs()), runner.execute)
-
-
-def _traced(
-    trace: _Trace, group: RankGroup, batch: ForwardBatch, execute: Callable[[ForwardBatch], torch.Tensor]
-) -> torch.Tensor:
-    collectives, payload = group.num_collectives, group.payload_bytes
-    logits = execute(batch)
-    meta = batch.attention
-    trace.steps += 1
-    trace.num_tokens = batch.num_tokens
-    if meta is not None:  # None: the static decode step served the batch (chapter 05)
-        trace.gather_rows = sum(s.pool_rows.numel() for s in meta.prefills if s.pool_rows is not None)
-        trace.gather_rows += sum(b.pool_rows.numel() for b in meta.buckets)
-    trace.collectives = group.num_collectives - collectives
-    trace.payload_bytes = group.payload_bytes - payload
-    return logits
-
-
-def _report(runner: ModelRunner, group: RankGroup, trace: _Trace) -> RankReport:
-    shard = runner.model.shard
-    return RankReport(
-        group.rank,
-        os.getpid(),
-        str(runner.device),
-        shard.num_attention_heads,
-        shard.num_key_value_heads,
-        tuple(runner.kv_cache.k.shape),
-        replace(trace),
-    )
+        if isinstance(message, _Step):
+            runner.execute(runner.prepare(message.sequence_inputs()))
+        else:  # a function of the runner, for every rank (``TensorParallelRunner.on_every_rank``)
+            assert callable(message)
+            dist.gather_object(message(runner), None, dst=0, group=control)
