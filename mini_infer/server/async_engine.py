@@ -382,12 +382,12 @@ class AsyncEngine:
             tokenizer = Tokenizer(engine.tokenizer.model_dir)
             info = EngineInfo(
                 model_dir=engine.tokenizer.model_dir,
-                max_model_len=engine.max_model_len,
-                max_pool_tokens=engine.pool.num_blocks * engine.pool.block_size,
-                vocab_size=engine.model_config.vocab_size,
-                block_size=engine.pool.block_size,
-                num_kv_blocks=engine.pool.num_blocks,
-                prefix_caching=engine.prefix_cache is not None,
+                max_model_len=engine.scheduler.max_model_len,
+                max_pool_tokens=engine.scheduler.blocks.pool.num_blocks * engine.scheduler.blocks.pool.block_size,
+                vocab_size=engine.runner.model.config.vocab_size,
+                block_size=engine.scheduler.blocks.pool.block_size,
+                num_kv_blocks=engine.scheduler.blocks.pool.num_blocks,
+                prefix_caching=engine.scheduler.blocks.prefix_cache is not None,
                 sampling_defaults=dict(engine.sampling_defaults),
             )
         except BaseException as exc:
