@@ -380,14 +380,15 @@ class AsyncEngine:
             engine = self._factory()
             # The handlers' own tokenizer, loaded here so that loading is one phase.
             tokenizer = Tokenizer(engine.tokenizer.model_dir)
+            blocks = engine.scheduler.blocks
             info = EngineInfo(
                 model_dir=engine.tokenizer.model_dir,
                 max_model_len=engine.scheduler.max_model_len,
-                max_pool_tokens=engine.scheduler.blocks.pool.num_blocks * engine.scheduler.blocks.pool.block_size,
+                max_pool_tokens=blocks.pool.num_blocks * blocks.pool.block_size,
                 vocab_size=engine.runner.model.config.vocab_size,
-                block_size=engine.scheduler.blocks.pool.block_size,
-                num_kv_blocks=engine.scheduler.blocks.pool.num_blocks,
-                prefix_caching=engine.scheduler.blocks.prefix_cache is not None,
+                block_size=blocks.pool.block_size,
+                num_kv_blocks=blocks.pool.num_blocks,
+                prefix_caching=blocks.prefix_cache is not None,
                 sampling_defaults=dict(engine.sampling_defaults),
             )
         except BaseException as exc:
