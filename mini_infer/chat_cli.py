@@ -37,7 +37,7 @@ def run_chat(
     write = write or _write
     start: list[Message] = [] if system is None else [{"role": "system", "content": system}]
     history = list(start)
-    write(f"chatting with {llm.engine.tokenizer.model_dir.name} on {llm.engine.device}. {HELP}\n")
+    write(f"chatting with {llm.engine.tokenizer.model_dir.name} on {llm.engine.runner.device}. {HELP}\n")
     while True:
         try:
             line = read(PROMPT).strip()

@@ -21,7 +21,9 @@ the next) and a tokenizer, plus what later chapters add, each through a small pr
 here or in the scheduler: the prefix cache (chapter 08, given to the scheduler), a
 ``TokenSampler`` (``greedy.GreedySampler`` until chapter 09's ``sampling.Sampler``) and a
 ``Drafter`` (chapter 10). ``engine_builder.build_engine`` assembles all of them from an
-``EngineConfig``.
+``EngineConfig``. The engine re-exports none of its parts' attributes: the model and its device
+are the runner's, the block pool and the prefix cache the scheduler's block bookkeeping's
+(``scheduler.blocks``), the context length the scheduler's.
 
 A fault stays with its request (``faults``): an exception in one request's own work (its
 admission, its grammar, its detokenization, stop checks or output) finishes it alone, with
@@ -50,11 +52,11 @@ import torch
 from mini_infer import faults
 from mini_infer.faults import RequestError
 from mini_infer.greedy import GreedySampler, SampledTokens
-from mini_infer.model_runner import ForwardBatch, ModelRunner
+from mini_infer.model_runner import ForwardBatch, ModelRunner, SequenceInput
 from mini_infer.output_processor import OutputProcessor
 from mini_infer.outputs import RequestOutput
 from mini_infer.sampling_params import SamplingParams, make_generator
-from mini_infer.scheduler import Scheduler, SchedulerOutput
+from mini_infer.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from mini_infer.sequence import Sequence as Seq
 from mini_infer.tokenizer import Tokenizer
 
@@ -64,6 +66,16 @@ logger = logging.getLogger("mini_infer.engine")
 def is_token_id(t: object) -> bool:
     """An int, or an integer scalar of numpy (``numbers.Integral``); a bool is not a token id."""
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+def model_input(item: ScheduledSequence, draft_token_ids: Sequence[int] = ()) -> SequenceInput:
+    """A scheduled sequence's input to this step's forward (chapter 05), with its guesses when it
+    has draft slots (chapter 10)."""
+    seq, start = item.seq, item.context_len - item.num_new_tokens
+    if len(draft_token_ids) != item.num_draft_tokens:
+        raise ValueError(f"{seq.request_id}: {len(draft_token_ids)} guesses for {item.num_draft_tokens} draft slots")
+    own = seq.token_ids[start : item.context_len - item.num_draft_tokens]
+    return SequenceInput(own, start, seq.block_table.block_ids, item.samples, draft_token_ids)
 
 
 class TokenSampler(Protocol):
@@ -121,10 +133,6 @@ class LLMEngine:
         # What a request's unset SamplingParams fields take (the model's generation config).
         self.sampling_defaults = dict(sampling_defaults or {})
         self.outputs = OutputProcessor(tokenizer, eos_token_ids)
-        # Read by the server, the benchmarks and the book.
-        self.model, self.model_config, self.device = runner.model, runner.model.config, runner.device
-        self.pool, self.prefix_cache = scheduler.pool, scheduler.prefix_cache
-        self.max_model_len = scheduler.max_model_len
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self.num_steps = 0
@@ -156,7 +164,7 @@ class LLMEngine:
             token_ids = [int(t) for t in prompt]
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
-        vocab = self.model_config.vocab_size
+        vocab = self.runner.model.config.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
@@ -174,13 +182,13 @@ class LLMEngine:
             if parent.prompt_token_ids != token_ids:
                 raise ValueError(f"a fork must have the same prompt as request {fork_of!r}")
         faults.hit("admission", request_id)
-        generator = make_generator(params.seed, self.device) if params.seed is not None else None
-        seq = Seq(request_id, token_ids, params, arrival=next(self._arrivals), generator=generator, parent=parent)
-        self.scheduler.add(seq)  # raises RequestTooLongError for a request that can never fit
+        generator = make_generator(params.seed, self.runner.device) if params.seed is not None else None
+        seq = Seq(request_id, token_ids, params, arrival=next(self._arrivals), generator=generator)
+        self.scheduler.add(seq, fork_of=parent)  # raises RequestTooLongError for a request that can never fit
         try:
             self.outputs.add(seq, prompt if isinstance(prompt, str) else None)
         except BaseException:
-            self.scheduler.finish(seq, "abort")  # a refused request leaves nothing behind
+            self.scheduler.finish(seq)  # a refused request leaves nothing behind
             raise
         return request_id
 
@@ -189,7 +197,8 @@ class LLMEngine:
         state = self.outputs.requests.get(request_id)
         if state is None:
             return None
-        self.scheduler.finish(state.seq, "abort")
+        state.finish_reason = "abort"
+        self.scheduler.finish(state.seq)
         return self._output(state.seq)
 
     def has_unfinished_requests(self) -> bool:
@@ -203,7 +212,7 @@ class LLMEngine:
         scheduled = schedule.scheduled
         seqs = [item.seq for item in scheduled]
         proposal = self.drafter.propose(schedule) if self.drafter is not None else Proposal([[] for _ in scheduled])
-        batch = self.runner.prepare([item.input(drafts) for item, drafts in zip(scheduled, proposal.token_ids)])
+        batch = self.runner.prepare([model_input(item, drafts) for item, drafts in zip(scheduled, proposal.token_ids)])
         logits = self.runner.execute(batch)
         try:
             sampled = self.sampler.sample(logits, batch, seqs)
@@ -216,14 +225,13 @@ class LLMEngine:
             self.step_log.append(StepRecord(batch.num_tokens, batch.num_logits, batch.attended_tokens))
         progressed = [seq for seq, tokens in zip(seqs, kept) if tokens]
         for seq in progressed:
-            reason = self.outputs.requests[seq.request_id].finish_reason
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
+            if self.outputs.requests[seq.request_id].finish_reason is not None:
+                self.scheduler.finish(seq)
         return [self._output(seq) for seq in progressed]
 
     def _output(self, seq: Seq) -> RequestOutput:
         try:
-            return self.outputs.output(seq.request_id)
+            return self.outputs.output(seq.request_id, self.scheduler.blocks.num_cached_tokens(seq))
         except Exception as exc:  # building this request's output failed: it alone fails
             return self._fail(RequestError(seq.request_id, "building its output", exc))
 
@@ -238,7 +246,7 @@ class LLMEngine:
         same, not necessarily the same tokens.
         """
         logger.error("request %s failed: %s", error.request_id, error, exc_info=error.__cause__)
-        self.scheduler.finish(self.outputs.requests[error.request_id].seq, "error")
+        self.scheduler.finish(self.outputs.requests[error.request_id].seq)
         return self.outputs.fail(error.request_id, str(error))
 
     def check_health(self) -> None:
@@ -251,15 +259,15 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- counters
     def stats(self) -> dict[str, int]:
-        s, counters, drafter = self.scheduler, self.outputs.counters, self.drafter
+        s, blocks, counters, drafter = self.scheduler, self.scheduler.blocks, self.outputs.counters, self.drafter
         return {
             "prompt_tokens": counters["prompt_tokens"],
             "generated_tokens": counters["generated_tokens"],
             "num_preemptions": s.num_preemptions,
-            "kv_blocks_total": self.pool.num_blocks,
-            "kv_blocks_free": self.pool.num_free_blocks,
-            "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
-            "prefix_cache_query_tokens": s.prefix_cache_query_tokens,
+            "kv_blocks_total": blocks.pool.num_blocks,
+            "kv_blocks_free": blocks.pool.num_free_blocks,
+            "prefix_cache_hit_tokens": blocks.prefix_cache_hit_tokens,
+            "prefix_cache_query_tokens": blocks.prefix_cache_query_tokens,
             "num_running": len(s.running),
             "num_waiting": len(s.waiting),
             "steps": self.num_steps,

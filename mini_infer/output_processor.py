@@ -42,7 +42,8 @@ class RequestState:
     stop_checker: StopStringChecker | None
     text: str = ""
     logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # found by ``take``; the engine finishes the sequence
+    finish_reason: str | None = None  # found by ``take`` (or set by an abort); the engine finishes the sequence
+    stop_reason: str | int | None = None  # the stop string or token id that finished it
     new_token_ids: list[int] = field(default_factory=list)  # since the last output
     new_text: str = ""
     error: str | None = None  # with finish_reason "error": what its own work raised (``faults``)
@@ -94,18 +95,18 @@ class OutputProcessor:
         if token in self.eos_token_ids and not params.ignore_eos and may_stop:
             reason: str | None = "stop"  # EOS ends the turn; its text is not part of the answer
         elif token in params.stop_token_ids and may_stop:
-            reason, seq.stop_reason = "stop", token
+            reason, state.stop_reason = "stop", token
         else:
             faults.hit("detokenize", seq.request_id)
             reason, piece = None, state.detokenizer.push([token])
             if state.stop_checker is not None and piece and may_stop:
                 piece, hit = state.stop_checker.push(piece)
                 if hit:
-                    reason, seq.stop_reason = "stop", state.stop_checker.matched
+                    reason, state.stop_reason = "stop", state.stop_checker.matched
             if reason is None and num_output_tokens >= params.max_tokens:
                 reason = "length"
             state.new_text += piece
-        if reason is not None and not isinstance(seq.stop_reason, str):
+        if reason is not None and not isinstance(state.stop_reason, str):
             # Release what was held back: bytes of an unfinished character, and text that
             # could have been the start of a stop string.
             tail = state.detokenizer.flush()
@@ -114,9 +115,9 @@ class OutputProcessor:
             state.new_text += tail
         return reason
 
-    def output(self, request_id: str) -> RequestOutput:
-        """The request's output now, with what is new since the last one; a finished request is
-        forgotten."""
+    def output(self, request_id: str, num_cached_tokens: int = 0) -> RequestOutput:
+        """The request's output now, with what is new since the last one (``num_cached_tokens``:
+        prompt tokens the prefix cache served, chapter 08); a finished request is forgotten."""
         state = self.requests[request_id]
         seq = state.seq
         faults.hit("output", request_id)
@@ -128,19 +129,19 @@ class OutputProcessor:
             token_ids=list(seq.output_token_ids),
             text=state.text,
             finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
+            finish_reason=state.finish_reason,
+            stop_reason=state.stop_reason,
             new_token_ids=state.new_token_ids,
             new_text=state.new_text,
             logprobs=None if state.logprobs is None else list(state.logprobs),
-            num_cached_tokens=seq.num_cached_prompt_tokens,
+            num_cached_tokens=num_cached_tokens,
             error=state.error,
         )
         state.new_token_ids, state.new_text = [], ""
         if seq.is_finished:
             del self.requests[request_id]
-            self.counters["finished_requests"] += seq.finish_reason not in ("abort", "error")
-            self.counters["failed_requests"] += seq.finish_reason == "error"
+            self.counters["finished_requests"] += state.finish_reason not in ("abort", "error")
+            self.counters["failed_requests"] += state.finish_reason == "error"
         return out
 
     def fail(self, request_id: str, error: str) -> RequestOutput:

@@ -40,8 +40,11 @@ block tables: a block id means the same positions in both pools, so the schedule
 preemption and prefix cache serve both models, and throwing away rejected guesses is only a
 shorter sequence (their K/V, in both pools, sits past the sequence's length and is overwritten
 later). After a step that kept every guess the draft is one token behind (its last guess was
-never fed to it): ``Sequence.draft_lag`` records it, the next first pass feeds that token too,
-and the prefix cache takes a block only when both pools hold it.
+never fed to it): the decoder's own per-request count of the tokens the draft's cache holds
+(``_draft_computed``, keyed weakly by the sequence, so that it goes with the request) records it,
+the next first pass feeds that token too, and the prefix cache takes a block only when both pools
+hold it. The count needs no reset when a preemption or a shared prefix resets the target's: what
+both caches hold is the smaller of the two counts.
 
 Randomness: a seeded request draws its uniforms and exponentials from its own generator, a fixed
 number per verified row, so its tokens do not depend on the batch; they do depend on how many
@@ -52,6 +55,7 @@ Python): ``k`` host syncs a step, on top of the target's one.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -135,6 +139,9 @@ class SpeculativeDecoder:
         # The distributions this step's sampled guesses were drawn from, laid out like the
         # target's logit rows: made by ``propose``, used by the ``sample`` of the same step.
         self._draft_probs: Tensor | None = None
+        # Tokens of each sequence whose K/V the draft's cache holds, as of its last pass; the target's
+        # count may have been reset since (preemption, a shared prefix), so only the minimum counts.
+        self._draft_computed: weakref.WeakKeyDictionary[Seq, int] = weakref.WeakKeyDictionary()
 
     def check(self, params: SamplingParams) -> None:
         self.sampler.check(params)
@@ -145,7 +152,7 @@ class SpeculativeDecoder:
         return 0 if params.needs_penalties or params.logprobs is not None else self.num_speculative_tokens
 
     def num_cacheable_tokens(self, seq: Seq) -> int:
-        return seq.num_computed_tokens - seq.draft_lag
+        return min(seq.num_computed_tokens, self._draft_computed.get(seq, seq.num_computed_tokens))
 
     # ----------------------------------------------------------------- the draft's passes
     def propose(self, schedule: SchedulerOutput) -> Proposal:
@@ -157,9 +164,11 @@ class SpeculativeDecoder:
         # will hold after this step (its own tokens, a lagging one too); logits for those that guess.
         catch_up = []
         for item in items:
-            seq, start = item.seq, item.seq.num_computed_tokens - item.seq.draft_lag
+            seq, start = item.seq, self.num_cacheable_tokens(item.seq)
             own = seq.token_ids[start : item.context_len - item.num_draft_tokens]
             catch_up.append(self._input(seq, own, start, samples=item.num_draft_tokens > 0))
+            # After this step's passes the draft holds everything but its own last guess, never fed to it.
+            self._draft_computed[seq] = item.context_len - (1 if item.num_draft_tokens else 0)
         logits = self._forward(catch_up)
         active = [i for i, item in enumerate(items) if item.num_draft_tokens]
         if not active:
@@ -219,21 +228,17 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------- the target's verdict
     def sample(self, logits: Tensor, batch: ForwardBatch, seqs: list[Seq]) -> list[SampledTokens]:
-        """The tokens each sequence keeps: its accepted guesses and one more. Updates every
-        scheduled sequence's ``draft_lag`` and the acceptance counters (which count the target's
-        verdicts, also on guesses that a stop then cuts off)."""
+        """The tokens each sequence keeps: its accepted guesses and one more. Updates the
+        acceptance counters (which count the target's verdicts, also on guesses that a stop then
+        cuts off)."""
         draft_probs, self._draft_probs = self._draft_probs, None
         if draft_probs is None:  # greedy guesses: kept while they equal the target's argmax
             sampled = self.sampler.sample(logits, batch, seqs)
         else:
             sampled = per_sequence(self._verify_sampled(logits, batch, seqs, draft_probs).to_host(), batch)
-        for seq, guesses, kept in zip(seqs, batch.draft_token_ids, sampled):
-            accepted = len(kept.token_ids) - 1
+        for guesses, kept in zip(batch.draft_token_ids, sampled):
             self.num_draft_tokens += len(guesses)
-            self.num_accepted_tokens += max(accepted, 0)
-            # The first pass fed the draft everything the target computed, except that the draft
-            # never sees its own last guess: after keeping them all it is one token behind.
-            seq.draft_lag = 1 if guesses and accepted == len(guesses) else 0
+            self.num_accepted_tokens += max(len(kept.token_ids) - 1, 0)
         return sampled
 
     def _verify_sampled(

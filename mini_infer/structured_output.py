@@ -28,7 +28,9 @@ Invariants:
   tokens its matcher has consumed; before each mask it consumes the ones the sequence has kept
   since (``Scheduler.update`` appended them after the engine found the stops). Preemption keeps a
   sequence's tokens, so its state needs nothing rebuilt; a state lost or made anew is rebuilt
-  from the tokens; each of the ``n`` forks of a request has its own.
+  from the tokens; each of the ``n`` forks of a request has its own. The states live here, keyed
+  weakly by the sequence (nothing of chapter 09b sits on the ``Sequence``): a finished request's
+  goes with it.
 * **Guesses are verified against the grammar** (speculative decoding, chapter 10): row ``j`` of a
   sequence with guesses is masked with the state after its first ``j`` guesses (consumed, then
   rolled back), so a guess the grammar forbids has probability 0 under the target and is
@@ -56,6 +58,7 @@ import logging
 import math
 import re
 import sys
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -216,6 +219,8 @@ class StructuredOutputs:
         self._host: Tensor | None = None  # the bitmask's host buffer, reused from step to step
         self.num_masked_rows = 0  # rows given a grammar's mask, for tests and measurements
         self._eos_only = token_bitmask(self.eos_token_ids, vocab_size)
+        # Each constrained sequence's parse, keyed weakly by the sequence: it goes with the request.
+        self._states: weakref.WeakKeyDictionary[Seq, GrammarState] = weakref.WeakKeyDictionary()
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -297,10 +302,10 @@ class StructuredOutputs:
             raise faults.RequestError(seq.request_id, "its grammar", exc) from exc
 
     def _advanced(self, seq: Seq) -> GrammarState:
-        state = seq.grammar_state
+        state = self._states.get(seq)
         if state is None:
             assert seq.params.structured_outputs is not None
-            state = seq.grammar_state = GrammarState(self.matcher_for(seq.params.structured_outputs))
+            state = self._states[seq] = GrammarState(self.matcher_for(seq.params.structured_outputs))
         new = seq.token_ids[seq.num_prompt_tokens + state.num_consumed :]
         if new:
             faults.hit("grammar_advance", seq.request_id)

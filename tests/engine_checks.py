@@ -28,8 +28,8 @@ def run_checked(
             if out.finished:
                 finals[out.request_id] = out
         engine.scheduler.check_invariants()
-        if engine.prefix_cache is not None:
-            engine.prefix_cache.check_invariants()
+        if engine.scheduler.blocks.prefix_cache is not None:
+            engine.scheduler.blocks.prefix_cache.check_invariants()
         for seq in seqs:
             assert 0 <= seq.num_computed_tokens <= len(seq.token_ids), (seq.request_id, seq.num_computed_tokens)
             assert seq.num_output_tokens <= seq.params.max_tokens
@@ -38,7 +38,7 @@ def run_checked(
 
 def assert_all_blocks_back(engine: LLMEngine) -> None:
     """Idle: every block is free or held by the cache alone; a reset frees them all."""
-    pool, cache = engine.pool, engine.prefix_cache
+    pool, cache = engine.scheduler.blocks.pool, engine.scheduler.blocks.prefix_cache
     cached = cache.num_cached_blocks if cache is not None else 0
     assert pool.num_free_blocks + cached == pool.num_blocks
     if cache is not None:

@@ -29,8 +29,8 @@ def assert_all_blocks_back(server: BackgroundServer) -> None:
 
     def check(engine: LLMEngine) -> tuple[int, int, int]:
         engine.scheduler.check_invariants()
-        cached = engine.prefix_cache.num_cached_blocks if engine.prefix_cache else 0
-        return engine.pool.num_free_blocks, cached, engine.pool.num_blocks
+        cached = engine.scheduler.blocks.prefix_cache.num_cached_blocks if engine.scheduler.blocks.prefix_cache else 0
+        return engine.scheduler.blocks.pool.num_free_blocks, cached, engine.scheduler.blocks.pool.num_blocks
 
     free, cached, total = on_engine(server, check)
     assert free + cached == total

@@ -7,15 +7,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from mini_infer.kv.block_pool import (
-    BlockPool,
-    BlockTable,
-    KVWaste,
-    OutOfBlocks,
-    kv_cache_waste,
-    num_blocks_for,
-    slot_for,
-)
+from mini_infer.course.kv_waste import KVWaste, kv_cache_waste
+from mini_infer.kv.block_pool import BlockPool, BlockTable, OutOfBlocks, num_blocks_for, slot_for
 
 # -- helpers ----------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def static_steps(llm: LLM) -> list[DecodeGraphs]:
             runner.model,
             runner.kv_cache,
             max_num_seqs=engine.scheduler.max_num_seqs,
-            max_model_len=engine.max_model_len,
+            max_model_len=engine.scheduler.max_model_len,
             capture=False,
         )
         graphs.served = 0
@@ -112,7 +112,7 @@ def test_padding_rows_write_only_the_null_block(case):
     assert graphs.served > 0
     untouched = torch.zeros_like(cache.k[:, :, 0])
     assert cache.k[:, :, cache.null_block].abs().sum() > 0  # padding wrote here...
-    free = llm.engine.pool._free  # ...and never into a block no sequence used
+    free = llm.engine.scheduler.blocks.pool._free  # ...and never into a block no sequence used
     never_used = [b for b in free if b >= 3 * 4]
     assert all(torch.equal(cache.k[:, :, b], untouched) for b in never_used)
 
@@ -168,7 +168,11 @@ def engine_with_recording_graphs(target):
     llm = LLM(str(target), dtype="float32", num_kv_blocks=256, max_num_seqs=16, show_progress=False)
     engine = llm.engine
     graphs = DecodeGraphs(
-        engine.model, engine.runner.kv_cache, max_num_seqs=16, max_model_len=engine.max_model_len, capture=True
+        engine.runner.model,
+        engine.runner.kv_cache,
+        max_num_seqs=16,
+        max_model_len=engine.scheduler.max_model_len,
+        capture=True,
     )
     engine.runner.static_decode = graphs
     return llm, graphs
@@ -188,7 +192,7 @@ def test_an_empty_graph_fails_its_check_and_everything_runs_on_the_models_device
         outputs = run_checked(engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected
     assert graphs.steps and graphs.eager_only == set(graphs.steps)  # no empty graph ever served
-    device = engine.model.device
+    device = engine.runner.model.device
     assert len(seen["device_contexts"]) == len(graphs.steps) and set(seen["device_contexts"]) == {device}
     assert seen["streams"] and set(seen["streams"]) == {device}  # side stream, capture stream
     assert set(seen["current_streams"]) == {device}
@@ -219,7 +223,11 @@ def test_a_graph_that_does_not_reproduce_the_eager_step_never_serves(case, monke
 
     monkeypatch.setattr(torch.cuda, "graph", failing_graph)
     graphs = DecodeGraphs(
-        engine.model, engine.runner.kv_cache, max_num_seqs=16, max_model_len=engine.max_model_len, capture=True
+        engine.runner.model,
+        engine.runner.kv_cache,
+        max_num_seqs=16,
+        max_model_len=engine.scheduler.max_model_len,
+        capture=True,
     )
     engine.runner.static_decode = graphs
     with pytest.warns(RuntimeWarning, match="could not be recorded"):

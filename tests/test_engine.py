@@ -122,10 +122,10 @@ def test_abort_frees_blocks(tiny_model_dir):
     rid = engine.add_request(list(range(40)), SamplingParams(max_tokens=100, ignore_eos=True))
     for _ in range(3):
         engine.step()
-    assert engine.pool.num_free_blocks < 64
+    assert engine.scheduler.blocks.pool.num_free_blocks < 64
     out = engine.abort_request(rid)
     assert out is not None and out.finish_reason == "abort" and out.finished
-    assert engine.pool.num_free_blocks == 64 and not engine.has_unfinished_requests()
+    assert engine.scheduler.blocks.pool.num_free_blocks == 64 and not engine.has_unfinished_requests()
 
 
 def test_stream_yields_increments(tiny_model_dir):
@@ -169,7 +169,7 @@ def test_chat_applies_template(tiny_model_dir):
 
 def test_max_model_len_may_shorten_the_context_but_not_lengthen_it(tiny_model_dir):
     short = LLM(str(tiny_model_dir), dtype="float32", num_kv_blocks=16, max_model_len=100, show_progress=False)
-    assert short.engine.max_model_len == 100
+    assert short.engine.scheduler.max_model_len == 100
     with pytest.raises(RequestTooLongError, match="maximum context length is 100"):
         short.generate([[1, 2, 3]], SamplingParams(max_tokens=98), use_tqdm=False)
     with pytest.raises(ValueError, match=r"max_model_len=4096 is longer than the model's context \(2048 tokens"):
@@ -241,7 +241,7 @@ def test_forks_share_the_prompt_blocks(tiny_model_dir, prefix_caching):
     forks = {s.seq.request_id: s for s in second.scheduled if s.seq.request_id != "a"}
     assert {rid: s.num_new_tokens for rid, s in forks.items()} == {"b": 8, "c": 8}  # only the partial block
     shared = engine.scheduler.running[0].block_table.block_ids[:2]
-    assert all(engine.pool.ref_count(b) == 3 + prefix_caching for b in shared)
+    assert all(engine.scheduler.blocks.pool.ref_count(b) == 3 + prefix_caching for b in shared)
     engine.scheduler.update(second.scheduled, [[7] if s.seq.request_id == "a" else [] for s in second.scheduled])
     engine.scheduler.check_invariants()
 
@@ -276,10 +276,14 @@ def test_the_chapter_06_engine_from_its_parts_decodes_like_transformers(case):
     """No prefix cache, the greedy sampler, no draft: the same tokens as the whole engine."""
     model_dir, prompts, expected = case
     engine = _chapter_06_engine(model_dir)
-    assert isinstance(engine.sampler, GreedySampler) and engine.prefix_cache is None and engine.drafter is None
+    assert (
+        isinstance(engine.sampler, GreedySampler)
+        and engine.scheduler.blocks.prefix_cache is None
+        and engine.drafter is None
+    )
     outputs = run_checked(engine, prompts[:8], GREEDY)
     assert [o.token_ids for o in outputs] == expected[:8]
-    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+    assert engine.scheduler.blocks.pool.num_free_blocks == engine.scheduler.blocks.pool.num_blocks
 
 
 def test_the_greedy_sampler_refuses_what_only_chapter_09_can_do(tiny_model_dir):
@@ -294,4 +298,44 @@ def test_the_greedy_sampler_refuses_what_only_chapter_09_can_do(tiny_model_dir):
     ):
         with pytest.raises(ValueError, match="greedily only"):
             engine.add_request([1, 2, 3], params)
-    assert not engine.has_unfinished_requests() and engine.pool.num_free_blocks == engine.pool.num_blocks
+    assert (
+        not engine.has_unfinished_requests()
+        and engine.scheduler.blocks.pool.num_free_blocks == engine.scheduler.blocks.pool.num_blocks
+    )
+
+
+def test_per_request_state_goes_with_the_request(monkeypatch):
+    """Later chapters keep their per-request state in their own components (block bookkeeping,
+    the draft's cache, the grammars), keyed by the sequence: once requests finish, abort or
+    fail, none of it is left, however many ran."""
+    import gc
+    import logging
+
+    from mini_infer import faults
+
+    # A logged failure's traceback holds the frames of its step, with their sequences, for as long
+    # as the test's log capture keeps the record: not logged here.
+    monkeypatch.setattr(logging.getLogger("mini_infer.engine"), "disabled", True)
+
+    llm = LLM("tiny", dtype="float32", draft_model="tiny-draft", num_kv_blocks=24, show_progress=False)
+    engine = llm.engine
+    grammar = StructuredOutputsParams(choice=["yes", "no", "maybe"])
+    for i in range(12):
+        params = SamplingParams(max_tokens=12, temperature=0.8, seed=i, structured_outputs=grammar if i % 2 else None)
+        engine.add_request(f"question {i} " * (i + 1), params, f"r{i}")
+        engine.add_request(f"question {i} " * (i + 1), params, f"f{i}", fork_of=f"r{i}")
+    engine.abort_request("r3")
+    with faults.inject("stop_check", lambda: RuntimeError("broken"), "r5"):  # fails that request alone
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert engine.stats()["num_preemptions"] > 0 and engine.stats()["failed_requests"] == 1
+    gc.collect()
+    blocks, drafter = engine.scheduler.blocks, engine.drafter
+    maps = {
+        "parents": blocks._parents,
+        "blocks offered": blocks._offered,
+        "cache hits": blocks._cache_hits,
+        "draft's cache": drafter._draft_computed,  # type: ignore[union-attr]
+        "grammars": drafter.sampler.mask._states,  # type: ignore[union-attr]
+    }
+    assert {name: len(m) for name, m in maps.items()} == dict.fromkeys(maps, 0)

@@ -129,7 +129,7 @@ def test_a_single_down_proj_output_overflows_float16_and_the_policy_survives_it(
     # With them, the float16 engine decodes as Hugging Face does in float32.
     expected = transformers_greedy(one_layer, PROMPTS, 16)
     llm = LLM(str(one_layer), dtype="float16", num_kv_blocks=64, show_progress=False)
-    assert llm.engine.model.projection_scale == projection_scale(torch.float16) < 1
+    assert llm.engine.runner.model.projection_scale == projection_scale(torch.float16) < 1
     outputs16 = llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), use_tqdm=False)
     got = [o.token_ids for o in outputs16]
     same = sum(a == b for g, e in zip(got, expected) for a, b in zip(g, e))

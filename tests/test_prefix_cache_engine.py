@@ -42,7 +42,7 @@ def make_llm(model_dir, **kwargs) -> LLM:
 def reference(tiny_model_dir):
     """Outputs with the cache off and a roomy pool: what every other run must reproduce."""
     llm = make_llm(tiny_model_dir, enable_prefix_caching=False)
-    prompts = shared_prefix_prompts(llm.engine.model_config.vocab_size)
+    prompts = shared_prefix_prompts(llm.engine.runner.model.config.vocab_size)
     outputs = run_checked(llm.engine, prompts, GREEDY)
     assert llm.stats()["prefix_cache_hit_tokens"] == 0
     assert_all_blocks_back(llm.engine)
@@ -136,12 +136,12 @@ def test_the_next_turn_of_a_conversation_reuses_the_answer_too(tiny_model_dir):
 def test_idle_cache_blocks_are_evicted_for_new_work(tiny_model_dir):
     """A full cache never refuses work: cache-only blocks are evicted, least recently used first."""
     llm = make_llm(tiny_model_dir, enable_prefix_caching=True, num_kv_blocks=10)
-    engine, cache = llm.engine, llm.engine.prefix_cache
+    engine, cache = llm.engine, llm.engine.scheduler.blocks.prefix_cache
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     old, recent = list(range(100, 164)), list(range(200, 264))  # 4 whole blocks each
     llm.generate([old], params, use_tqdm=False)
     llm.generate([recent], params, use_tqdm=False)
-    assert cache.num_cached_blocks == 8 and engine.pool.num_free_blocks == 2
+    assert cache.num_cached_blocks == 8 and engine.scheduler.blocks.pool.num_free_blocks == 2
     out = llm.generate([list(range(300, 360))], params, use_tqdm=False)[0]  # needs 4 blocks
     assert out.finish_reason == "length" and llm.stats()["num_preemptions"] == 0
     assert cache.match_prefix(recent).num_tokens == 4 * BLOCK  # untouched

@@ -38,7 +38,7 @@ def run(requests, num_blocks, budget, max_seqs, prefix_caching, abort_at=()):
         steps += 1
         for index in abort_at:
             if steps == index[0] and index[1] < len(seqs):
-                scheduler.finish(seqs[index[1]], "abort")
+                scheduler.finish(seqs[index[1]])
         scheduler.check_invariants()
         assert steps < 10_000
     cached = cache.num_cached_blocks if cache else 0
@@ -72,7 +72,7 @@ def test_random_workloads_complete_unchanged(requests, extra_blocks, budget, max
     need = max(num_blocks_for(len(p) + m, BLOCK) for p, m in requests)
     seqs, _ = run(requests, need + extra_blocks, budget, max_seqs, prefix)
     for seq, (prompt, max_tokens) in zip(seqs, requests):
-        assert seq.finish_reason == "length"
+        assert seq.is_finished
         assert seq.output_token_ids == expected_output(prompt, max_tokens)
 
 
@@ -133,5 +133,41 @@ def test_prefix_cache_skips_shared_blocks():
     out = scheduler.schedule()
     b = next(s for s in out.scheduled if s.seq.request_id == "b")
     assert b.num_new_tokens == 1 and b.context_len == 13  # 12 tokens came from the cache
-    assert scheduler.prefix_cache_hit_tokens == 12
+    assert scheduler.blocks.prefix_cache_hit_tokens == 12
     scheduler.check_invariants()
+
+
+def test_a_refused_admission_leaves_the_pool_and_the_tree_as_they_were():
+    """The block bookkeeping checks before it changes anything: a request that does not fit
+    neither marks its cached prefix as used, nor splits the node it matches in part, nor evicts
+    the blocks it would have needed, nor takes references."""
+    pool = BlockPool(8, BLOCK)
+    cache = RadixCache(pool)
+    scheduler = Scheduler(pool, max_num_batched_tokens=100, max_num_seqs=8, max_model_len=1000, prefix_cache=cache)
+    scheduler.add(Sequence("a", list(range(12)), SamplingParams(max_tokens=1), arrival=0))
+    fake_step(scheduler)  # a finishes; its three prompt blocks stay in the tree, held by it alone
+    scheduler.add(Sequence("b", [100] * 17, SamplingParams(max_tokens=8), arrival=1))
+    fake_step(scheduler)  # b holds the five other blocks
+    # c matches two of a's three blocks (a node matched in part) and needs three blocks more:
+    # one evictable block and no free one cannot hold them.
+    waiting = Sequence("c", list(range(8)) + [50] * 12, SamplingParams(max_tokens=1), arrival=2)
+    scheduler.add(waiting)
+    nodes, refs = cache.nodes(), [pool.ref_count(b) for b in range(pool.num_blocks)]
+    out = scheduler.schedule()
+    assert [s.seq.request_id for s in out.scheduled] == ["b"] and list(scheduler.waiting) == [waiting]
+    assert cache.nodes() == nodes  # recency included, no split
+    assert [pool.ref_count(b) for b in range(pool.num_blocks)] == refs
+    assert scheduler.blocks.prefix_cache_query_tokens == 12 + 17  # c is counted when it is admitted
+
+
+def test_the_scheduler_imports_neither_torch_nor_the_model_runner():
+    """The policy is plain Python over sequences: the engine turns its output into model inputs."""
+    import ast
+    from pathlib import Path
+
+    import mini_infer.scheduler
+
+    tree = ast.parse(Path(mini_infer.scheduler.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in imported if m.split(".")[0] == "torch" or m == "mini_infer.model_runner"}

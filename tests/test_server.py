@@ -245,7 +245,7 @@ def test_n_choices_share_the_prompt_blocks(server: BackgroundServer, client: ope
     prompt = list(range(10, 110))  # 100 tokens: 6 full blocks of 16 that forks can share
     wait_idle(server)
     on_engine(server, lambda e: setattr(e, "step_log", []))
-    on_engine(server, lambda e: e.prefix_cache.reset() if e.prefix_cache else None)
+    on_engine(server, lambda e: e.scheduler.blocks.prefix_cache.reset() if e.scheduler.blocks.prefix_cache else None)
     got = client.completions.create(
         model=MODEL, prompt=prompt, n=4, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
     )
@@ -338,7 +338,7 @@ def test_stream_false_is_not_streamed(http: httpx.Client) -> None:
 def test_tokenize_and_detokenize(http: httpx.Client, llm: LLM) -> None:
     tokens = http.post("/tokenize", json={"prompt": "hello world"}).json()
     assert tokens["tokens"] == llm.engine.tokenizer.encode("hello world") and tokens["count"] == len(tokens["tokens"])
-    assert tokens["max_model_len"] == llm.engine.max_model_len
+    assert tokens["max_model_len"] == llm.engine.scheduler.max_model_len
     back = http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()
     assert back == {"prompt": "hello world"}
     chat = http.post("/tokenize", json={"model": MODEL, "messages": MESSAGES[0]}).json()

@@ -77,7 +77,9 @@ def test_logits_equal_transformers_on_a_chat(name):
 def test_target_answers_held_out_questions(dtype):
     """In bf16 on a CPU the engine runs prepacked matmul weights: the answers must hold too."""
     llm = LLM("tiny", dtype=dtype, show_progress=False)
-    assert llm.engine.model.prepacked == (dtype == "bfloat16" and can_prepack(torch.empty(1, dtype=torch.bfloat16)))
+    assert llm.engine.runner.model.prepacked == (
+        dtype == "bfloat16" and can_prepack(torch.empty(1, dtype=torch.bfloat16))
+    )
     params = SamplingParams(temperature=0, max_tokens=48)
     for task in tiny_corpus.TASKS:
         questions = tiny_corpus.held_out_questions(task)[:10]

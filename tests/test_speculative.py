@@ -155,7 +155,7 @@ def test_stops_inside_an_accepted_draft(model_dirs):
     target = str(model_dirs["tied-gqa2"])
     plain = LLM(target, dtype="float32", num_kv_blocks=256, show_progress=False)
     spec = LLM(target, dtype="float32", draft_model=target, num_kv_blocks=256, show_progress=False)
-    prompts = _prompts(plain.engine.model_config.vocab_size, n=8, seed=3)
+    prompts = _prompts(plain.engine.runner.model.config.vocab_size, n=8, seed=3)
     reference = plain.generate(prompts, GREEDY, use_tqdm=False)
     stop_token = reference[0].token_ids[5]
     text = reference[1].text

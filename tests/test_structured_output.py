@@ -21,6 +21,7 @@ import torch
 
 from mini_infer import LLM, SamplingParams, StructuredOutputsParams
 from mini_infer.sampling import Sampler
+from mini_infer.sequence import Sequence
 from mini_infer.structured_output import (
     StructuredOutputs,
     apply_bitmask,
@@ -215,8 +216,9 @@ def test_a_lost_state_is_rebuilt_from_the_tokens(llm: LLM, prompts: list[str]) -
     request_id = engine.add_request(prompts[0], params)
     seq = engine.outputs.requests[request_id].seq
     final = None
+    mask = engine.sampler.mask  # type: ignore[attr-defined]
     while final is None:
-        seq.grammar_state = None  # every step: the state is made anew from the kept tokens
+        mask._states.pop(seq, None)  # every step: the state is made anew from the kept tokens
         final = next((o for o in engine.step() if o.request_id == request_id and o.finished), None)
     assert final.token_ids == expected
 
@@ -242,7 +244,7 @@ def test_forks_each_follow_the_grammar(prefix_caching: bool) -> None:
             jsonschema.validate(json.loads(text), WEATHER)
         assert len(set(texts)) > 1  # four seeds, four states: not one copy of the same output
     if prefix_caching:
-        assert engine.scheduler.prefix_cache_hit_tokens > 0
+        assert engine.scheduler.blocks.prefix_cache_hit_tokens > 0
 
 
 def test_a_draft_model_s_guesses_are_verified_against_the_grammar(prompts: list[str]) -> None:
@@ -267,20 +269,15 @@ def test_a_forbidden_guess_is_rejected_and_later_rows_are_left_alone(llm: LLM) -
     tok = llm.engine.tokenizer
     spec = StructuredOutputsParams(choice=["yes"])
     y, e, bad = tok.encode("y")[0], tok.encode("e")[0], tok.encode("z")[0]
-    seq = SimpleNamespace(
-        params=SamplingParams(structured_outputs=spec),
-        token_ids=[1, 2, 3],
-        num_prompt_tokens=3,
-        grammar_state=None,
-        request_id="r",
-    )
+    seq = Sequence("r", [1, 2, 3], SamplingParams(structured_outputs=spec), arrival=0)
     batch = SimpleNamespace(rows_of=[range(0, 4)], draft_token_ids=[[y, bad, e]], num_logits=4)
     logits = torch.zeros(4, 704)
     mask.apply(logits, batch, [seq])  # type: ignore[arg-type]
     allowed = [(row > -float("inf")).nonzero().flatten().tolist() for row in logits]
     assert allowed[0] == [y] and allowed[1] == [e]  # "y", then "e" after the guess "y"
     assert len(allowed[2]) == 704 and len(allowed[3]) == 704  # after the forbidden "z": never used
-    assert seq.grammar_state.num_consumed == 0 and not seq.grammar_state.matcher.is_error()  # rolled back
+    state = mask.state_of(seq)
+    assert state.num_consumed == 0 and not state.matcher.is_error()  # rolled back
 
 
 def test_the_sampler_refuses_a_grammar_without_a_mask() -> None:

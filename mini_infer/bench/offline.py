@@ -80,7 +80,7 @@ class Bench:
             generation_config="vllm",  # greedy as transformers' baseline, whatever the model's defaults
             show_progress=False,
         )
-        config = self.llm.engine.model_config
+        config = self.llm.engine.runner.model.config
         self.config = config
         self.prompts = random_prompts(config.vocab_size, args.num_prompts, args.input_len, args.seed)
         self._hf: Any = None

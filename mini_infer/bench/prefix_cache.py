@@ -125,10 +125,10 @@ class RunResult:
 def run_once(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> RunResult:
     """Submit every prompt at once and step the engine to the end, from an empty cache."""
     engine = llm.engine
-    if isinstance(engine.prefix_cache, RadixCache):
-        engine.prefix_cache.reset()
+    if isinstance(engine.scheduler.blocks.prefix_cache, RadixCache):
+        engine.scheduler.blocks.prefix_cache.reset()
     before = engine.stats()
-    synchronize(engine.device)
+    synchronize(engine.runner.device)
     start = time.perf_counter()
     ids = [engine.add_request(p, params) for p in prompts]
     first_token_s: dict[str, float] = {}

@@ -75,12 +75,12 @@ def run_once(llm: LLM, chats: list[list[Message]], params: SamplingParams, batch
     """The chats, ``batch_size`` at a time, timed from the first submission to the last token."""
     engine = llm.engine
     before = engine.stats()
-    synchronize(engine.device)
+    synchronize(engine.runner.device)
     start = time.perf_counter()
     outputs = []
     for i in range(0, len(chats), batch_size):
         outputs += llm.chat(chats[i : i + batch_size], params, use_tqdm=False)
-    synchronize(engine.device)
+    synchronize(engine.runner.device)
     seconds = time.perf_counter() - start
     after = engine.stats()
 

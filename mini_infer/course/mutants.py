@@ -109,6 +109,12 @@ _VERDICTS: dict[tuple[str, str], dict[str, str]] = {
     ("Scheduler.schedule", "n = min(seq.num_uncomputed_tokens, budget)"): {
         "min(budget, seq.num_uncomputed_tokens)": "min of two ints is symmetric",
     },
+    ("Scheduler.schedule", "if budget == 0 or len(self.running) >= self.max_num_seqs or out.preempted:"): {
+        "budget == -1": (
+            "the budget never goes below 0, and with none left blocks.admit admits nothing (a chunk of at most "
+            "0 tokens) and returns 0, which ends the loop the same"
+        ),
+    },
     # chapter 07
     ("Scheduler._preempt", "while index < len(self.waiting) and self.waiting[index].arrival < seq.arrival:"): {
         "self.waiting[index].arrival <= seq.arrival": (

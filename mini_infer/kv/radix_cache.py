@@ -38,7 +38,7 @@ correct, a lookup just walks one more node.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -108,6 +108,16 @@ class RadixCache:
         self._touch(path)
         return PrefixMatch([b for node in path for b in node.block_ids], num_tokens)
         # student: end
+
+    def peek(self, token_ids: Sequence[int]) -> PrefixMatch:
+        """What ``match_prefix`` would return, changing nothing: no recency, no split."""
+        path, num_tokens = self._descend(list(token_ids), split=False)
+        blocks = [b for node in path for b in node.block_ids]
+        if len(blocks) * self.block_size < num_tokens:  # the node matched in part, left out of the path
+            start = len(blocks) * self.block_size
+            node = (path[-1] if path else self._root).children[tuple(token_ids[start : start + self.block_size])]
+            blocks += node.block_ids[: (num_tokens - start) // self.block_size]
+        return PrefixMatch(blocks, num_tokens)
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
         """Cache ``token_ids`` (whole blocks, held in ``block_ids``); return the tokens newly cached.
@@ -188,6 +198,11 @@ class RadixCache:
     @property
     def num_evictable_blocks(self) -> int:
         """Blocks ``evict`` could free right now (held only by the tree, nothing in use below)."""
+        return self.num_evictable()
+
+    def num_evictable(self, in_use: Collection[int] = ()) -> int:
+        """Blocks ``evict`` could free once the blocks ``in_use`` are held by a sequence too."""
+        in_use = set(in_use)
         evictable: dict[int, int] = {}
         fully: dict[int, bool] = {}  # the whole subtree would go
         for node in reversed(self._iter_nodes()):  # children before their parents
@@ -195,7 +210,7 @@ class RadixCache:
             if all(fully[c.node_id] for c in node.children.values()):
                 tail = 0
                 for block_id in reversed(node.block_ids):
-                    if self.pool.ref_count(block_id) != 1:
+                    if self.pool.ref_count(block_id) != 1 or block_id in in_use:
                         break
                     tail += 1
                 count += tail

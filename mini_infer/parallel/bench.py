@@ -262,7 +262,7 @@ def main(args: argparse.Namespace) -> int:
     for ranks in (1, size):
         with LLM(str(model_dir), tensor_parallel_size=ranks, **options) as llm:
             results[f"threads_per_rank_{ranks}"] = torch.get_num_threads()
-            vocab = llm.engine.model_config.vocab_size
+            vocab = llm.engine.runner.model.config.vocab_size
             runs[ranks] = {}
             for name in workloads:
                 prompts, max_tokens = workload_prompts(name, args, vocab)

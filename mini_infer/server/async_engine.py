@@ -380,14 +380,15 @@ class AsyncEngine:
             engine = self._factory()
             # The handlers' own tokenizer, loaded here so that loading is one phase.
             tokenizer = Tokenizer(engine.tokenizer.model_dir)
+            blocks = engine.scheduler.blocks
             info = EngineInfo(
                 model_dir=engine.tokenizer.model_dir,
-                max_model_len=engine.max_model_len,
-                max_pool_tokens=engine.pool.num_blocks * engine.pool.block_size,
-                vocab_size=engine.model_config.vocab_size,
-                block_size=engine.pool.block_size,
-                num_kv_blocks=engine.pool.num_blocks,
-                prefix_caching=engine.prefix_cache is not None,
+                max_model_len=engine.scheduler.max_model_len,
+                max_pool_tokens=blocks.pool.num_blocks * blocks.pool.block_size,
+                vocab_size=engine.runner.model.config.vocab_size,
+                block_size=blocks.pool.block_size,
+                num_kv_blocks=blocks.pool.num_blocks,
+                prefix_caching=blocks.prefix_cache is not None,
                 sampling_defaults=dict(engine.sampling_defaults),
             )
         except BaseException as exc:

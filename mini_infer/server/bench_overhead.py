@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
     )
-    vocab = llm.engine.model_config.vocab_size
+    vocab = llm.engine.runner.model.config.vocab_size
     prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed)
     warmup = prompts[: min(4, len(prompts))]
 

@@ -69,7 +69,8 @@ class EngineSnapshot:
 def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
     """Read the engine's figures; run it on the engine thread (``AsyncEngine.call``)."""
     stats = engine.stats()
-    cache = engine.prefix_cache if isinstance(engine.prefix_cache, RadixCache) else None
+    cache = engine.scheduler.blocks.prefix_cache
+    cache = cache if isinstance(cache, RadixCache) else None
     return EngineSnapshot(
         num_requests_running=stats["num_running"],
         num_requests_waiting=stats["num_waiting"],

@@ -232,8 +232,13 @@ def run(
 
         def blocks(e: Any) -> tuple[int, int, int, int]:
             e.scheduler.check_invariants()
-            cached = e.prefix_cache.num_cached_blocks if e.prefix_cache else 0
-            return e.pool.num_free_blocks, cached, e.pool.num_blocks, e.stats()["num_preemptions"]
+            cached = e.scheduler.blocks.prefix_cache.num_cached_blocks if e.scheduler.blocks.prefix_cache else 0
+            return (
+                e.scheduler.blocks.pool.num_free_blocks,
+                cached,
+                e.scheduler.blocks.pool.num_blocks,
+                e.stats()["num_preemptions"],
+            )
 
         free, cached, total, preemptions = engine_of.call(blocks).result(timeout=60)
         with httpx.Client(base_url=server.base_url, timeout=60) as http:

@@ -68,7 +68,7 @@ while num_free < blocks_needed and candidates:
     num_free += held[victim]
 return victims
 """,
-        # The notebook's helper calls the real _reserve: the exercise asks for the rule itself.
+        # The notebook's helper calls the real _make_room: the exercise asks for the rule itself.
         "return package_victims(running, requester, blocks_needed, num_free, scheduled)",
     ],
 }

@@ -53,7 +53,7 @@ def fake_step(scheduler: Scheduler) -> SchedulerOutput:
     for item in out.scheduled:
         seq = item.seq
         if seq.status is SequenceStatus.RUNNING and seq.num_output_tokens >= seq.params.max_tokens:
-            scheduler.finish(seq, "length")
+            scheduler.finish(seq)
     scheduler.check_invariants()
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
 
 import pytest
@@ -52,7 +53,13 @@ class WholeBlockPrefixCache:
                 new += BS
         return new
 
+    def peek(self, token_ids: Seq[int]) -> tuple[list[int], int]:
+        return self.match_prefix(token_ids)  # nothing to mark as used, nothing to split
+
     def evict(self, num_blocks: int) -> int:
+        return 0
+
+    def num_evictable(self, in_use: Collection[int] = ()) -> int:
         return 0
 
     def cached_block_ids(self) -> set[int]:
@@ -73,9 +80,11 @@ def make(num_blocks: int = 64, budget: int = 64, max_seqs: int = 8, cache: bool 
 ARRIVALS = itertools.count()  # submission order across the file: only the order matters
 
 
-def add(scheduler: Scheduler, name: str, prompt: list[int], max_tokens: int = 8, **kw: object) -> Sequence:
-    seq = Sequence(name, prompt, SamplingParams(max_tokens=max_tokens), arrival=next(ARRIVALS), **kw)  # type: ignore[arg-type]
-    scheduler.add(seq)
+def add(
+    scheduler: Scheduler, name: str, prompt: list[int], max_tokens: int = 8, fork_of: Sequence | None = None
+) -> Sequence:
+    seq = Sequence(name, prompt, SamplingParams(max_tokens=max_tokens), arrival=next(ARRIVALS))
+    scheduler.add(seq, fork_of=fork_of)
     return seq
 
 
@@ -176,7 +185,7 @@ def test_a_step_that_preempts_admits_nobody():
     assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 1), ("b", 1)]
     assert ids(out.preempted) == ["c"]
     # Budget and a free block are left, but c goes back only next step: no thrashing.
-    assert ids(scheduler.waiting) == ["c"] and scheduler.pool.num_free_blocks > 0
+    assert ids(scheduler.waiting) == ["c"] and scheduler.blocks.pool.num_free_blocks > 0
     scheduler.check_invariants()
     scheduler.update(out.scheduled, [[fake_token(s.seq.token_ids)] for s in out.scheduled])
     assert step(scheduler) == [("a", 1), ("b", 1), ("c", 3)]  # c recomputes from its first token
@@ -190,8 +199,8 @@ def test_a_request_starts_after_its_cached_prefix():
     assert step(scheduler) == [("first", 9)] and first.status is SequenceStatus.FINISHED
     second = add(scheduler, "second", prompt, max_tokens=2)
     assert step(scheduler) == [("second", 1)]  # 8 tokens' K/V come from the cache
-    assert second.num_cached_prompt_tokens == 8
-    assert (scheduler.prefix_cache_hit_tokens, scheduler.prefix_cache_query_tokens) == (8, 18)
+    assert scheduler.blocks.num_cached_tokens(second) == 8
+    assert (scheduler.blocks.prefix_cache_hit_tokens, scheduler.blocks.prefix_cache_query_tokens) == (8, 18)
     assert step(scheduler) == [("second", 1)]
     assert second.output_token_ids == expected_output(prompt, 2)
 
@@ -201,14 +210,14 @@ def test_a_fork_waits_for_its_parent_and_shares_its_prompt_blocks():
     scheduler = make(budget=64)
     prompt = list(range(10))
     parent = add(scheduler, "p", prompt, max_tokens=3)
-    child = add(scheduler, "q", prompt, max_tokens=3, parent=parent)
+    child = add(scheduler, "q", prompt, max_tokens=3, fork_of=parent)
     add(scheduler, "r", [4, 4], max_tokens=3)
     # q waits until p's prompt is computed, and r behind it is not held up.
     assert step(scheduler) == [("p", 10), ("r", 2)]
     assert ids(scheduler.waiting) == ["q"]
     assert step(scheduler) == [("p", 1), ("r", 1), ("q", 2)]  # q reuses p's 2 full blocks
     assert child.block_table.block_ids[:2] == parent.block_table.block_ids[:2]
-    assert scheduler.pool.ref_count(parent.block_table.block_ids[0]) == 2
+    assert scheduler.blocks.pool.ref_count(parent.block_table.block_ids[0]) == 2
 
 
 def model_schedule(state: dict[str, list[int]], order: list[str], budget: int, max_seqs: int) -> list[tuple[str, int]]:
@@ -283,5 +292,5 @@ def test_under_block_pressure_every_request_ends_with_its_unpressured_output(see
         steps += 1
         assert steps < 2000
     assert scheduler.num_preemptions > 0  # the pool was too small for everyone at once
-    assert scheduler.pool.num_free_blocks == 10
+    assert scheduler.blocks.pool.num_free_blocks == 10
     check_unpressured_outputs(seqs, requests)

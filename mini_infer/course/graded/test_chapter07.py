@@ -1,6 +1,6 @@
 """Graded tests (chapter 07): preemption by recompute, and refusing requests that could never run.
 
-``Scheduler._reserve`` grows a running sequence's blocks, preempting the latest arrival not yet
+``Scheduler._make_room`` grows a running sequence's blocks, preempting the latest arrival not yet
 scheduled in this step until they fit; ``Scheduler._preempt`` frees the victim and puts it back in
 the waiting queue in arrival order; ``Scheduler.check_fits`` refuses, at submission, a request
 longer than the model's context or the whole pool. The last test runs random workloads on a
@@ -69,7 +69,7 @@ def test_the_sequence_asking_may_be_the_victim_and_then_does_not_run():
     assert step(scheduler) == ([("a", 1)], ["c", "b"])
     assert ids(scheduler.running) == ["a"] and ids(scheduler.waiting) == ["b", "c"]
     assert scheduler.num_preemptions == 2
-    assert scheduler.pool.num_free_blocks == 5 - 3
+    assert scheduler.blocks.pool.num_free_blocks == 5 - 3
 
 
 @pytest.mark.points(2)
@@ -99,8 +99,8 @@ def test_a_victim_goes_back_behind_earlier_arrivals_still_waiting():
     for later in (False, True):
         scheduler = make(num_blocks=5)
         parent = add(scheduler, "p", list(range(10)), max_tokens=6)
-        fork = Sequence("q", list(range(10)), SamplingParams(max_tokens=6), arrival=next(ARRIVALS), parent=parent)
-        scheduler.add(fork)  # waits until its parent's prompt is computed, then finds no room
+        fork = Sequence("q", list(range(10)), SamplingParams(max_tokens=6), arrival=next(ARRIVALS))
+        scheduler.add(fork, fork_of=parent)  # waits until its parent's prompt is computed, then finds no room
         add(scheduler, "r", list(range(7)), max_tokens=6)
         if later:
             add(scheduler, "u", [1], max_tokens=2)  # arrived last, waits behind q
@@ -145,5 +145,5 @@ def test_random_workloads_on_a_small_pool_keep_every_output(seed):
         steps += 1
         assert steps < 2000
     assert preempted == scheduler.num_preemptions > 0
-    assert scheduler.pool.num_free_blocks == num_blocks
+    assert scheduler.blocks.pool.num_free_blocks == num_blocks
     check_unpressured_outputs(seqs, requests)
