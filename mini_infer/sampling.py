@@ -221,11 +221,10 @@ class SamplerOutput:
         # On CUDA, queue every copy without waiting, then wait once. (Elsewhere, e.g. MPS,
         # a plain copy per tensor: correct, though each one waits.)
         non_blocking = device.type == "cuda"
-        tensors = ("token_ids", "logprobs", "top_token_ids", "top_logprobs", "accepted")
-        host = replace(
-            self,
-            **{n: t if (t := getattr(self, n)) is None else t.to("cpu", non_blocking=non_blocking) for n in tensors},
-        )
+        host = replace(self)
+        for name in ("token_ids", "logprobs", "top_token_ids", "top_logprobs", "accepted"):
+            if (tensor := getattr(self, name)) is not None:
+                setattr(host, name, tensor.to("cpu", non_blocking=non_blocking))
         if non_blocking:
             torch.cuda.current_stream(device).synchronize()
         return host
