@@ -87,6 +87,10 @@ def _logit_bias(name: str, bias: Any) -> dict[int, float] | None:
     return {int(token): in_range(f"{name}[{token}]", value) for token, value in bias.items()}
 
 
+def _choices(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(c, str) and c for c in x)
+
+
 _NON_EMPTY_STRING = _none_or("a non-empty string", lambda x: isinstance(x, str) and x != "")
 
 
@@ -110,13 +114,7 @@ class StructuredOutputsParams:
         None, _none_or("a JSON Schema (a dict or its JSON text)", lambda x: isinstance(x, (dict, str)))
     )
     regex: str | None = checked(None, _NON_EMPTY_STRING)
-    choice: list[str] | None = checked(
-        None,
-        _none_or(
-            "a non-empty list of non-empty strings",
-            lambda x: isinstance(x, (list, tuple)) and bool(x) and all(isinstance(c, str) and c for c in x),
-        ),
-    )
+    choice: list[str] | None = checked(None, _none_or("a non-empty list of non-empty strings", _choices))
     grammar: str | None = checked(None, _NON_EMPTY_STRING)
     json_object: bool = checked(False, _BOOL)
 
@@ -161,13 +159,13 @@ class SamplingParams:
     top_k: int = checked(-1, Rule(int, "-1 (disabled) or >= 1", lambda x: x == -1 or x >= 1))
     min_p: float = checked(0.0, Rule(float, "in [0, 1]", lambda x: 0 <= x <= 1))  # 0 disables
     # A seeded request owns a generator (make_generator); torch's seeds are 64-bit.
-    seed: int | None = checked(None, Rule(int, "None or an int in [0, 2**64)", lambda x: 0 <= x < 2**64, True))
+    seed: int | None = checked(None, Rule(int, "None or an int in [0, 2**64)", lambda x: 0 <= x < 2**64, optional=True))
     stop: str | list[str] | None = checked(None, _stop)
     stop_token_ids: list[int] = checked(None, _stop_token_ids)
     ignore_eos: bool = checked(False, _BOOL)
     # The number of top alternatives besides the chosen token.
     logprobs: int | None = checked(
-        None, Rule(int, f"None or in [0, {_MAX_LOGPROBS}]", lambda x: 0 <= x <= _MAX_LOGPROBS, True)
+        None, Rule(int, f"None or in [0, {_MAX_LOGPROBS}]", lambda x: 0 <= x <= _MAX_LOGPROBS, optional=True)
     )
     presence_penalty: float = checked(0.0, Rule(float, "in [-2, 2]", lambda x: -2 <= x <= 2))
     frequency_penalty: float = checked(0.0, Rule(float, "in [-2, 2]", lambda x: -2 <= x <= 2))
