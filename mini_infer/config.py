@@ -7,13 +7,21 @@ sliding-window attention, scaled RoPE variants).
 
 Both spellings of RoPE's base are read: ``rope_theta`` at the top level (transformers 4.x,
 Qwen2.5's own files) and ``rope_parameters.rope_theta`` (transformers 5.x).
+
+The configs a caller builds by hand (``SamplingParams``, chapter 06; ``EngineConfig``, chapter 10)
+are checked in one style, defined here: each dataclass field declares its rule (``checked``, a
+``Rule`` or any ``(name, value) -> value`` function), and ``__post_init__`` passes every field
+through it (``check_fields``) before checking what involves several fields. A refused value raises
+a ValueError that names the field, the value and what it must be: ``top_p must be in (0, 1], got 0.0``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +31,53 @@ SUPPORTED_MODEL_TYPES = ("qwen2",)
 
 class ConfigError(ValueError):
     """A config.json that mini-infer cannot run; the message names the field."""
+
+
+# A field's rule: its name and value in, the value to keep out (normalised), or a ValueError.
+Check = Callable[[str, Any], Any]
+
+
+def must_be(name: str, words: str, value: object) -> ValueError:
+    return ValueError(f"{name} must be {words}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A scalar field's rule: of ``kind`` (int, float or bool) and ``holds``, said in ``words``.
+
+    A bool is never a number (``temperature=True`` is a bug in the caller, not 1.0); a float field
+    takes any finite real and keeps it as a float. ``optional``: None is allowed too."""
+
+    kind: type
+    words: str
+    holds: Callable[[Any], bool] = lambda _: True
+    optional: bool = False
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        number = numbers.Integral if self.kind is int else numbers.Real
+        if isinstance(value, bool) != (self.kind is bool) or not isinstance(value, bool | number):
+            raise must_be(name, {int: "an int", float: "a number", bool: "a bool"}[self.kind], value)
+        value = self.kind(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise must_be(name, "a finite number", value)
+        if not self.holds(value):
+            raise must_be(name, self.words, value)
+        return value
+
+
+def checked(default: Any, check: Check | None, **metadata: Any) -> Any:
+    """A dataclass field with a default and a rule, which ``check_fields`` applies."""
+    return field(default=default, metadata={"check": check, **metadata})
+
+
+def check_fields(config: Any, prefix: str = "") -> None:
+    """Pass each field of the dataclass ``config`` that has a rule through it, in order, keeping the
+    normalised value; errors name the field as ``prefix + name``."""
+    for f in fields(config):
+        if (check := f.metadata.get("check")) is not None:
+            object.__setattr__(config, f.name, check(prefix + f.name, getattr(config, f.name)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import torch
 
-from mini_infer.config import ModelConfig
+from mini_infer.config import Check, ModelConfig, Rule, check_fields, checked, must_be
 from mini_infer.decode_graphs import DecodeGraphs
 from mini_infer.device import resolve_device, resolve_dtype
 from mini_infer.engine import LLMEngine
@@ -58,28 +58,53 @@ from mini_infer.tokenizer import Tokenizer
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 
-def _option(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _option(default: Any, help: str, check: Check | None = None) -> Any:
+    return checked(default, check, help=help)
+
+
+_POSITIVE = Rule(int, "a positive int", lambda x: x >= 1)
+_POSITIVE_OR_NONE = Rule(int, "None or a positive int", lambda x: x >= 1, optional=True)
+
+
+def _generation_config(name: str, source: Any) -> str:
+    if source in ("auto", "vllm") or (isinstance(source, str) and (Path(source) / "generation_config.json").is_file()):
+        return source
+    raise must_be(name, "'auto', 'vllm' or a directory holding a generation_config.json", source)
 
 
 @dataclass(slots=True)
 class EngineConfig:
+    """The engine's options; an option with a rule is checked by it as the config is built
+    (``config.check_fields``), so that a bad one fails before anything loads."""
+
     model: str = field(
         metadata={"help": "a shipped model ('tiny', 'tiny-draft'), a local Hugging Face directory or a hub id"}
     )
     dtype: str | torch.dtype = _option("auto", "auto, float32, bfloat16 or float16")
     device: str | torch.device = _option("auto", "auto, cpu, cuda, cuda:N or mps")
-    block_size: int = _option(16, "tokens per KV block")
-    num_kv_blocks: int | None = _option(None, "KV pool size in blocks (default: from a memory budget)")
-    kv_cache_memory: int | None = _option(None, "bytes for the KV pool (default: chosen from the device)")
-    gpu_memory_utilization: float = _option(0.9, "on CUDA, the share of the GPU's memory the engine may use")
-    max_num_batched_tokens: int = _option(512, "new tokens per step: the token budget that chunks prompts")
-    max_num_seqs: int = _option(256, "sequences running at once")
-    max_model_len: int | None = _option(None, "longest prompt + output (default: the model's own limit)")
+    block_size: int = _option(16, "tokens per KV block", _POSITIVE)
+    num_kv_blocks: int | None = _option(
+        None, "KV pool size in blocks (default: from a memory budget)", _POSITIVE_OR_NONE
+    )
+    kv_cache_memory: int | None = _option(
+        None,
+        "bytes for the KV pool (default: chosen from the device)",
+        Rule(int, "None or a positive number of bytes", lambda x: x >= 1, optional=True),
+    )
+    gpu_memory_utilization: float = _option(
+        0.9,
+        "on CUDA, the share of the GPU's memory the engine may use",
+        Rule(float, "in (0, 1]", lambda x: 0 < x <= 1),
+    )
+    max_num_batched_tokens: int = _option(512, "new tokens per step: the token budget that chunks prompts", _POSITIVE)
+    max_num_seqs: int = _option(256, "sequences running at once", _POSITIVE)
+    max_model_len: int | None = _option(
+        None, "longest prompt + output (default: the model's own limit)", _POSITIVE_OR_NONE
+    )
     enable_prefix_caching: bool = _option(True, "reuse the K/V of shared prompt prefixes (the radix cache)")
     draft_model: str | None = _option(None, "speculative decoding: a small model with the target's tokenizer")
     num_speculative_tokens: int = _option(
-        DEFAULT_NUM_SPECULATIVE_TOKENS, "guessed tokens verified per step (with a draft model)"
+        DEFAULT_NUM_SPECULATIVE_TOKENS, "guessed tokens verified per step (with a draft model)", _POSITIVE
     )
     enforce_eager: bool = _option(False, "on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     generation_config: str = _option(
@@ -87,43 +112,21 @@ class EngineConfig:
         "sampling defaults for what a request leaves unset: 'auto' reads the model's generation_config.json "
         "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), 'vllm' ignores it, "
         "or a directory holding a generation_config.json",
+        _generation_config,
     )
     tensor_parallel_size: int = _option(
-        1, "processes (on CUDA, one per GPU) that each hold 1/N of the model's heads; rank 0 schedules"
+        1, "processes (on CUDA, one per GPU) that each hold 1/N of the model's heads; rank 0 schedules", _POSITIVE
     )
     seed: int = _option(0, "seed of the random stream shared by unseeded requests")
     show_progress: bool = _option(True, "progress bars while loading")
 
-    def validate(self) -> None:
-        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
-            raise ValueError(f"num_kv_blocks must be a positive integer or None, got {self.num_kv_blocks!r}")
-        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ValueError(
-                f"kv_cache_memory must be a positive number of bytes or None, got {self.kv_cache_memory!r}"
-            )
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+    def __post_init__(self) -> None:
+        check_fields(self)
         k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"num_speculative_tokens must be a positive integer, got {k!r}")
         if self.draft_model is None and k != DEFAULT_NUM_SPECULATIVE_TOKENS:
             raise ValueError(
                 f"num_speculative_tokens={k} does nothing without a draft model: give draft_model "
                 "(for example 'tiny-draft' for 'tiny') or leave num_speculative_tokens at its default"
-            )
-        tp = self.tensor_parallel_size
-        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
-        source = self.generation_config
-        if source not in ("auto", "vllm") and not (Path(source) / "generation_config.json").is_file():
-            raise ValueError(
-                f"generation_config must be 'auto', 'vllm' or a directory holding a generation_config.json, got {source!r}"
             )
 
     def sampling_defaults(self, model_dir: Path) -> dict[str, Any]:
@@ -277,7 +280,6 @@ def context_limit(asked: int | None, configs: list[ModelConfig]) -> int:
 
 def build_engine(config: EngineConfig) -> LLMEngine:
     """An engine with every part its config asks for (see the module docstring)."""
-    config.validate()
     model_dir = resolve_model(config.model)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)

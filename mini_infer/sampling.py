@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -221,30 +221,22 @@ class SamplerOutput:
         # On CUDA, queue every copy without waiting, then wait once. (Elsewhere, e.g. MPS,
         # a plain copy per tensor: correct, though each one waits.)
         non_blocking = device.type == "cuda"
-
-        def copy(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.to("cpu", non_blocking=non_blocking)
-
-        host = SamplerOutput(
-            self.token_ids.to("cpu", non_blocking=non_blocking),
-            copy(self.logprobs),
-            copy(self.top_token_ids),
-            copy(self.top_logprobs),
-            self.num_logprobs,
-            copy(self.accepted),
-        )
+        host = replace(self)
+        for name in ("token_ids", "logprobs", "top_token_ids", "top_logprobs", "accepted"):
+            if (tensor := getattr(self, name)) is not None:
+                setattr(host, name, tensor.to("cpu", non_blocking=non_blocking))
         if non_blocking:
             torch.cuda.current_stream(device).synchronize()
         return host
 
-    def to_token_logprobs(self, token_ids: Sequence[int] | None = None) -> list[TokenLogprob | None]:
+    def to_token_logprobs(self) -> list[TokenLogprob | None]:
         """One ``TokenLogprob`` per row that asked for logprobs (None for the others), each with
-        that row's own k alternatives. Pass the token ids already read, if any. Reading the
-        logprobs costs a host sync of its own unless ``to_host()`` came first."""
+        that row's own k alternatives. Reading the logprobs costs a host sync of its own unless
+        ``to_host()`` came first."""
         host = self.to_host()
         if host.logprobs is None or host.top_token_ids is None or host.top_logprobs is None:
             return [None] * len(self.num_logprobs)
-        tokens = list(token_ids) if token_ids is not None else host.token_ids.tolist()
+        tokens = host.token_ids.tolist()
         chosen, top_ids, top_values = host.logprobs.tolist(), host.top_token_ids.tolist(), host.top_logprobs.tolist()
         return [
             None
@@ -342,8 +334,8 @@ class TokenMask(Protocol):
 class Sampler:
     """Turns a batch of logits into tokens, on the device, with one host sync per engine step.
 
-    Unseeded rows draw from ``default_generator`` when a call passes one, else from a generator
-    the sampler makes on the logits' device from its own ``seed`` (``LLM(seed=...)``). Seeded rows
+    Unseeded rows draw from a generator the sampler makes on the logits' device from its own
+    ``seed`` (``LLM(seed=...)``). Seeded rows
     bring their own (``make_generator(params.seed, device)``, kept by the request for its whole
     life, so that preemption or a different batch does not change its tokens).
 
@@ -437,11 +429,10 @@ class Sampler:
         generators: Sequence[torch.Generator | None] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         output_token_ids: Sequence[Sequence[int]] | None = None,
-        default_generator: torch.Generator | None = None,
     ) -> SamplerOutput:
         """Sample one token per row of ``logits`` ``[N, V]`` (any float dtype; cast to float32
         unless every row is plain greedy); the arguments are those of ``rows``."""
-        rows = self.rows(logits, params_list, generators, prompt_token_ids, output_token_ids, default_generator)
+        rows = self.rows(logits, params_list, generators, prompt_token_ids, output_token_ids)
         if all(p.greedy for p in rows.params):
             return rows.output(argmax_rows(rows.logits))
         return rows.output(exponential_race(rows.probs(), rows.exponentials()))
@@ -453,12 +444,11 @@ class Sampler:
         generators: Sequence[torch.Generator | None] | None = None,
         prompt_token_ids: Sequence[Sequence[int]] | None = None,
         output_token_ids: Sequence[Sequence[int]] | None = None,
-        default_generator: torch.Generator | None = None,
     ) -> LogitRows:
         """The rows of ``logits`` ``[N, V]`` with their penalties applied, ready to be sampled.
 
         ``generators[i]`` draws row i's randomness (required when ``params_list[i].seed`` is set;
-        None means the shared generator: ``default_generator`` or the sampler's own).
+        None means the sampler's own, ``generator_for``).
         ``prompt_token_ids`` and ``output_token_ids`` (one list per row) are required, and read,
         only when some row has a penalty.
         """
@@ -473,9 +463,7 @@ class Sampler:
                 raise ValueError(f"row {i} has seed={p.seed} but no generator; use make_generator")
             if g is not None and g.device.type != logits.device.type:
                 raise ValueError(f"row {i}: generator on {g.device}, logits on {logits.device}")
-        shared = default_generator if default_generator is not None else self.generator_for(logits.device)
-        if shared.device.type != logits.device.type:
-            raise ValueError(f"default_generator on {shared.device}, logits on {logits.device}")
+        shared = self.generator_for(logits.device)
         if all(p.greedy and not p.needs_penalties and p.logprobs is None for p in params_list):
             # The common greedy batch needs no float32 copy of the logits at all.
             return LogitRows(logits, list(params_list), gens, shared)
@@ -523,7 +511,7 @@ def per_sequence(host: SamplerOutput, batch: ForwardBatch) -> list[SampledTokens
     kept = keep_per_sequence(batch, tokens, None if host.accepted is None else host.accepted.tolist())
     if host.logprobs is not None:
         # Requests with logprobs are never speculated (chapter 10): one row, one token each.
-        per_row = host.to_token_logprobs(tokens)
+        per_row = host.to_token_logprobs()
         for sampled, rows in zip(kept, batch.rows_of):
             if rows and (logprob := per_row[rows.start]) is not None:
                 sampled.logprobs = [logprob]

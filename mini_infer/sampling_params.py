@@ -24,7 +24,6 @@ inside the vocabulary, a grammar that compiles) is checked when the request is a
 from __future__ import annotations
 
 import json
-import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -33,51 +32,66 @@ from typing import Any
 
 import torch
 
+from mini_infer.config import Check, Rule, check_fields, checked, must_be
+
 # OpenAI's range for a logit bias.
 _MAX_LOGIT_BIAS = 100.0
 # vLLM's convention: temperatures this small are treated as 0 (greedy), because dividing the
 # logits by them overflows float32 for no difference in the result.
 _GREEDY_TEMPERATURE = 1e-5
 _MAX_LOGPROBS = 20
+_BOOL = Rule(bool, "a bool")
 
 
-def _fail(name: str, rule: str, value: object) -> ValueError:
-    return ValueError(f"{name} must be {rule}, got {value!r}")
+def _none_or(words: str, holds: Callable[[Any], bool]) -> Check:
+    """The rule of a field that is None or a value ``holds`` accepts (kept as given)."""
 
-
-def _as(kind: str, name: str, value: Any) -> Any:
-    """``value`` as an int, a finite number or a bool, or a ValueError naming the field. A bool is
-    not a number here: ``temperature=True`` is a bug in the caller, not 1.0."""
-    if kind == "a bool" and isinstance(value, bool):
+    def check(name: str, value: Any) -> Any:
+        if value is not None and not holds(value):
+            raise must_be(name, words, value)
         return value
-    if kind == "a bool" or isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _fail(name, kind, value)
-    if kind == "an int":
-        if not isinstance(value, numbers.Integral):
-            raise _fail(name, kind, value)
-        return int(value)
-    if not math.isfinite(value):
-        raise _fail(name, "a finite number", value)
-    return float(value)
+
+    return check
 
 
-# Every scalar field: its kind, and the rule its value must keep. seed and logprobs may be None.
-_RULES: dict[str, tuple[str, str, Callable[[Any], bool]]] = {
-    "max_tokens": ("an int", ">= 1", lambda x: x >= 1),
-    "temperature": ("a number", ">= 0", lambda x: x >= 0),
-    "top_p": ("a number", "in (0, 1]", lambda x: 0 < x <= 1),
-    "top_k": ("an int", "-1 (disabled) or >= 1", lambda x: x == -1 or x >= 1),
-    "min_p": ("a number", "in [0, 1]", lambda x: 0 <= x <= 1),
-    "seed": ("an int", "None or an int in [0, 2**64)", lambda x: 0 <= x < 2**64),  # torch's 64-bit seeds
-    "ignore_eos": ("a bool", "a bool", lambda x: True),
-    "logprobs": ("an int", f"None or in [0, {_MAX_LOGPROBS}]", lambda x: 0 <= x <= _MAX_LOGPROBS),
-    "presence_penalty": ("a number", "in [-2, 2]", lambda x: -2 <= x <= 2),
-    "frequency_penalty": ("a number", "in [-2, 2]", lambda x: -2 <= x <= 2),
-    "repetition_penalty": ("a number", "> 0", lambda x: x > 0),
-    "include_stop_str_in_output": ("a bool", "a bool", lambda x: True),
-    "min_tokens": ("an int", ">= 0", lambda x: x >= 0),
-    "skip_special_tokens": ("a bool", "a bool", lambda x: True),
-}
+def _token_id(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
+
+
+def _stop(name: str, stop: Any) -> list[str]:
+    stop = [stop] if isinstance(stop, str) else [] if stop is None else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise must_be(name, "a str or a list of str", stop)
+    if "" in stop:  # an empty stop string would match before the first character: surely a bug
+        raise must_be(name, "non-empty strings", stop)
+    return list(stop)
+
+
+def _stop_token_ids(name: str, ids: Any) -> list[int]:
+    if ids is None:
+        return []
+    if not isinstance(ids, (list, tuple)) or not all(_token_id(i) for i in ids):
+        raise must_be(name, "a list of ints >= 0", ids)
+    return [int(i) for i in ids]
+
+
+def _logit_bias(name: str, bias: Any) -> dict[int, float] | None:
+    if bias is None or bias == {}:
+        return None
+    if not isinstance(bias, dict):
+        raise must_be(name, "a dict of token id -> bias", bias)
+    for token in bias:
+        if not _token_id(token):
+            raise must_be(name, "keyed by token ids >= 0", token)
+    in_range = Rule(float, f"in [-{_MAX_LOGIT_BIAS:g}, {_MAX_LOGIT_BIAS:g}]", lambda x: abs(x) <= _MAX_LOGIT_BIAS)
+    return {int(token): in_range(f"{name}[{token}]", value) for token, value in bias.items()}
+
+
+def _choices(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(c, str) and c for c in x)
+
+
+_NON_EMPTY_STRING = _none_or("a non-empty string", lambda x: isinstance(x, str) and x != "")
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,35 +110,25 @@ class StructuredOutputsParams:
     only token left), or at ``max_tokens``, which can cut it short: ``finish_reason`` "length".
     """
 
-    json: dict[str, Any] | str | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool = False
+    json: dict[str, Any] | str | None = checked(
+        None, _none_or("a JSON Schema (a dict or its JSON text)", lambda x: isinstance(x, (dict, str)))
+    )
+    regex: str | None = checked(None, _NON_EMPTY_STRING)
+    choice: list[str] | None = checked(None, _none_or("a non-empty list of non-empty strings", _choices))
+    grammar: str | None = checked(None, _NON_EMPTY_STRING)
+    json_object: bool = checked(False, _BOOL)
 
     def __post_init__(self) -> None:
+        check_fields(self, prefix="structured_outputs.")
         given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
-        given += ["json_object"] if self.json_object is True else []
+        given += ["json_object"] if self.json_object else []
         if len(given) != 1:
             raise ValueError(
                 "structured_outputs must give exactly one of json, json_object, regex, choice or grammar, got "
                 + (", ".join(given) if given else "none")
             )
-        kind = given[0]
-        if self.json_object not in (True, False):
-            raise _fail("structured_outputs.json_object", "a bool", self.json_object)
-        if kind == "json" and not isinstance(self.json, (dict, str)):
-            raise _fail("structured_outputs.json", "a JSON Schema (a dict or its JSON text)", self.json)
-        if kind in ("regex", "grammar") and not (isinstance(getattr(self, kind), str) and getattr(self, kind)):
-            raise _fail(f"structured_outputs.{kind}", "a non-empty string", getattr(self, kind))
-        if kind == "choice" and not (
-            isinstance(self.choice, (list, tuple))
-            and self.choice
-            and all(isinstance(c, str) and c for c in self.choice)
-        ):
-            raise _fail("structured_outputs.choice", "a non-empty list of non-empty strings", self.choice)
-        if kind == "choice":
-            object.__setattr__(self, "choice", list(self.choice or []))
+        if self.choice is not None:
+            object.__setattr__(self, "choice", list(self.choice))
 
     @property
     def kind(self) -> str:
@@ -140,30 +144,41 @@ class StructuredOutputsParams:
 class SamplingParams:
     """What one request asks of the sampler (vLLM's names and defaults).
 
-    After construction ``stop`` and ``stop_token_ids`` are always lists (empty when not given;
-    ``stop`` also takes one string and ``stop_token_ids`` also takes None, as in vLLM).
-    ``fields_set`` names the fields the caller gave, to the constructor or by assignment; the
-    others may take a model's defaults (``with_defaults``).
+    Each field declares its rule (``config.checked``); a value the rule refuses raises a
+    ValueError naming the field, the value and what it must be. After construction ``stop`` and
+    ``stop_token_ids`` are always lists (empty when not given; ``stop`` also takes one string and
+    ``stop_token_ids`` also takes None, as in vLLM). ``fields_set`` names the fields the caller
+    gave, to the constructor or by assignment; the others may take a model's defaults
+    (``with_defaults``).
     """
 
-    max_tokens: int = 16
-    temperature: float = 1.0  # 0 (below 1e-5) means greedy
-    top_p: float = 1.0  # in (0, 1]; 1 disables
-    top_k: int = -1  # -1 disables; larger than the vocabulary is clamped
-    min_p: float = 0.0  # in [0, 1]; 0 disables
-    seed: int | None = None  # a seeded request owns a generator (make_generator)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: int | None = None  # number of top alternatives besides the chosen token
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    include_stop_str_in_output: bool = False
-    min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
-    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
-    skip_special_tokens: bool = True  # leave special tokens' text out of the output text
-    structured_outputs: StructuredOutputsParams | None = None  # what the output must match (chapter 09b)
+    max_tokens: int = checked(16, Rule(int, ">= 1", lambda x: x >= 1))
+    temperature: float = checked(1.0, Rule(float, ">= 0", lambda x: x >= 0))  # 0 (below 1e-5) means greedy
+    top_p: float = checked(1.0, Rule(float, "in (0, 1]", lambda x: 0 < x <= 1))  # 1 disables
+    # -1 disables; larger than the vocabulary is clamped
+    top_k: int = checked(-1, Rule(int, "-1 (disabled) or >= 1", lambda x: x == -1 or x >= 1))
+    min_p: float = checked(0.0, Rule(float, "in [0, 1]", lambda x: 0 <= x <= 1))  # 0 disables
+    # A seeded request owns a generator (make_generator); torch's seeds are 64-bit.
+    seed: int | None = checked(None, Rule(int, "None or an int in [0, 2**64)", lambda x: 0 <= x < 2**64, optional=True))
+    stop: str | list[str] | None = checked(None, _stop)
+    stop_token_ids: list[int] = checked(None, _stop_token_ids)
+    ignore_eos: bool = checked(False, _BOOL)
+    # The number of top alternatives besides the chosen token.
+    logprobs: int | None = checked(
+        None, Rule(int, f"None or in [0, {_MAX_LOGPROBS}]", lambda x: 0 <= x <= _MAX_LOGPROBS, optional=True)
+    )
+    presence_penalty: float = checked(0.0, Rule(float, "in [-2, 2]", lambda x: -2 <= x <= 2))
+    frequency_penalty: float = checked(0.0, Rule(float, "in [-2, 2]", lambda x: -2 <= x <= 2))
+    repetition_penalty: float = checked(1.0, Rule(float, "> 0", lambda x: x > 0))
+    include_stop_str_in_output: bool = checked(False, _BOOL)
+    # No EOS, stop token or stop string ends the output before this many tokens.
+    min_tokens: int = checked(0, Rule(int, ">= 0", lambda x: x >= 0))
+    logit_bias: dict[int, float] | None = checked(None, _logit_bias)  # token id -> added to its logit
+    skip_special_tokens: bool = checked(True, _BOOL)  # leave special tokens' text out of the output text
+    # What the output must match (chapter 09b).
+    structured_outputs: StructuredOutputsParams | None = checked(
+        None, _none_or("a StructuredOutputsParams", lambda x: isinstance(x, StructuredOutputsParams))
+    )
     # The names the caller gave: a frozenset while the constructor runs (its own assignments are
     # not the caller's), a set afterwards, replaced by a larger one at each assignment of a field
     # (never changed in place, so that copies do not share it).
@@ -182,21 +197,14 @@ class SamplingParams:
             object.__setattr__(self, "_fields_set", given | {name})
 
     def __post_init__(self) -> None:
-        for name, (kind, rule, holds) in _RULES.items():
-            value = getattr(self, name)
-            if value is None and name in ("seed", "logprobs"):
-                continue
-            value = _as(kind, name, value)
-            if not holds(value):
-                raise _fail(name, rule, value)
-            setattr(self, name, value)
-        self.stop = self._check_stop(self.stop)
-        self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids)
-        self.logit_bias = self._check_logit_bias(self.logit_bias)
+        check_fields(self)
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        if self.structured_outputs is not None:
-            self._check_structured_outputs()
+        # The grammar decides where the output ends: when it is complete, an EOS is the only token
+        # it allows. Both of these would forbid that EOS, leaving no token at all.
+        for clash in ("ignore_eos", "min_tokens") if self.structured_outputs is not None else ():
+            if getattr(self, clash):
+                raise ValueError(f"{clash} cannot be combined with structured_outputs: the grammar ends the output")
         object.__setattr__(self, "_fields_set", set(self._fields_set))
 
     @property
@@ -221,55 +229,6 @@ class SamplingParams:
             raise ValueError(f"{exc} (with the defaults {applied} for the fields the request left unset)") from None
         object.__setattr__(merged, "_fields_set", set(self._fields_set))
         return merged
-
-    def _check_structured_outputs(self) -> None:
-        if not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise _fail("structured_outputs", "a StructuredOutputsParams", self.structured_outputs)
-        # The grammar decides where the output ends: when it is complete, an EOS is the only token
-        # it allows. Both of these would forbid that EOS, leaving no token at all.
-        if self.ignore_eos:
-            raise ValueError("ignore_eos cannot be combined with structured_outputs: the grammar ends the output")
-        if self.min_tokens:
-            raise ValueError("min_tokens cannot be combined with structured_outputs: the grammar ends the output")
-
-    @staticmethod
-    def _check_stop(stop: object) -> list[str]:
-        if stop is None:
-            return []
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise _fail("stop", "a str or a list of str", stop)
-        if any(s == "" for s in stop):
-            # An empty stop string would match before the first character: almost surely a bug.
-            raise _fail("stop", "non-empty strings", stop)
-        return list(stop)
-
-    @staticmethod
-    def _check_stop_token_ids(ids: object) -> list[int]:
-        if ids is None:
-            return []
-        if isinstance(ids, (list, tuple)) and all(
-            isinstance(i, numbers.Integral) and not isinstance(i, bool) and int(i) >= 0 for i in ids
-        ):
-            return [int(i) for i in ids]
-        raise _fail("stop_token_ids", "a list of ints >= 0", ids)
-
-    @staticmethod
-    def _check_logit_bias(bias: object) -> dict[int, float] | None:
-        if bias is None or bias == {}:
-            return None
-        if not isinstance(bias, dict):
-            raise _fail("logit_bias", "a dict of token id -> bias", bias)
-        checked = {}
-        for token, value in bias.items():
-            if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
-                raise _fail("logit_bias", "keyed by token ids >= 0", token)
-            value = _as("a number", f"logit_bias[{token}]", value)
-            if not -_MAX_LOGIT_BIAS <= value <= _MAX_LOGIT_BIAS:
-                raise _fail(f"logit_bias[{token}]", f"in [-{_MAX_LOGIT_BIAS:g}, {_MAX_LOGIT_BIAS:g}]", value)
-            checked[int(token)] = value
-        return checked
 
     @property
     def greedy(self) -> bool:

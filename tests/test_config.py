@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -75,3 +76,34 @@ def test_generation_config_eos_merged(tmp_path):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="config.json"):
         ModelConfig.from_model_dir(tmp_path)
+
+
+# ------------------------------------------------------------------ EngineConfig, checked as it is built
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"block_size": 0}, "block_size must be a positive int, got 0"),
+        ({"max_num_batched_tokens": 2.5}, "max_num_batched_tokens must be an int, got 2.5"),
+        ({"max_num_seqs": True}, "max_num_seqs must be an int, got True"),
+        ({"num_kv_blocks": 0}, "num_kv_blocks must be None or a positive int, got 0"),
+        ({"kv_cache_memory": -1}, "kv_cache_memory must be None or a positive number of bytes, got -1"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5"),
+        ({"gpu_memory_utilization": "high"}, "gpu_memory_utilization must be a number, got 'high'"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be a positive int, got 0"),
+        ({"max_model_len": 0}, "max_model_len must be None or a positive int, got 0"),
+        ({"num_speculative_tokens": 0, "draft_model": "tiny-draft"}, "num_speculative_tokens must be a positive int"),
+        ({"num_speculative_tokens": 6}, "num_speculative_tokens=6 does nothing without a draft model"),
+        ({"generation_config": "nowhere"}, "generation_config must be 'auto', 'vllm' or a directory holding"),
+    ],
+)
+def test_engine_config_refuses_a_bad_option_when_built(options, message):
+    """Every option is checked by its field's rule when the config is built, before anything
+    loads, and the error names the option, the value and what it must be."""
+    from mini_infer.engine_builder import EngineConfig
+
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        EngineConfig(model="tiny", **options)
+    normalised = EngineConfig(model="tiny", gpu_memory_utilization=1)
+    assert isinstance(normalised.gpu_memory_utilization, float) and normalised.gpu_memory_utilization == 1.0

@@ -469,14 +469,6 @@ def test_unseeded_rows_vary_and_follow_the_sampler_seed() -> None:
     assert replay(logits, params).token_ids.tolist() == first
 
 
-def test_default_generator_serves_unseeded_rows() -> None:
-    logits, params = torch.zeros(3, 500, device=DEVICE), [SamplingParams()] * 3
-    a = Sampler(seed=1)(logits, params, default_generator=make_generator(42, DEVICE)).token_ids
-    b = Sampler(seed=2)(logits, params, default_generator=make_generator(42, DEVICE)).token_ids
-    assert torch.equal(a, b)  # the sampler's own seed did not matter
-    assert not torch.equal(a, Sampler(seed=1)(logits, params).token_ids)
-
-
 def test_seed_without_generator_is_rejected() -> None:
     with pytest.raises(ValueError, match="make_generator"):
         Sampler()(torch.zeros(1, 4), [SamplingParams(seed=1)])

@@ -75,7 +75,7 @@ def constrained(spec: StructuredOutputsParams, **fields: Any) -> SamplingParams:
         ({"regex": ""}, "structured_outputs.regex must be a non-empty string"),
         ({"choice": []}, "structured_outputs.choice must be a non-empty list"),
         ({"choice": ["a", 2]}, "structured_outputs.choice must be a non-empty list"),
-        ({"json_object": 1}, "exactly one of"),
+        ({"json_object": 1}, "structured_outputs.json_object must be a bool, got 1"),
     ],
 )
 def test_structured_outputs_params_refuse_bad_shapes(fields: dict[str, Any], match: str) -> None:

@@ -185,11 +185,10 @@ def test_seeded_sampling_end_to_end_is_reproducible():
     logits = torch.randn(4, 50)
     logits[2] = logits[0]
     params = [SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=s) for s in (1, 2, 1, 3)]
-    sampler = Sampler()
 
     def draw(shared_seed: int) -> list[int]:
         gens = [generator(p.seed or 0) for p in params]
-        out = sampler(logits, params, gens, [[]] * 4, [[]] * 4, generator(shared_seed))
+        out = Sampler(seed=shared_seed)(logits, params, gens, [[]] * 4, [[]] * 4)
         return out.token_ids.tolist()
 
     first = draw(0)
