@@ -51,7 +51,7 @@ from collections.abc import Callable
 
 import torch
 
-from mini_infer.kv.paged_attention import PagedAttention, PagedKVCache, metadata_from_tensors
+from mini_infer.kv.paged_attention import InPlaceAttention, PagedAttention, PagedKVCache, metadata_from_tensors
 from mini_infer.model import Qwen2Model
 from mini_infer.model_runner import MAX_BATCHED_QUERY_LEN, ForwardBatch
 
@@ -72,9 +72,16 @@ class DecodeGraphs:
     """Static buffers and recorded graphs of one model's decode steps (see the module docstring)."""
 
     def __init__(
-        self, model: Qwen2Model, cache: PagedKVCache, *, max_num_seqs: int, max_model_len: int, capture: bool
+        self,
+        model: Qwen2Model,
+        cache: PagedKVCache,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        capture: bool,
+        in_place: InPlaceAttention | None = None,
     ) -> None:
-        self.model, self.cache, self.capture = model, cache, capture
+        self.model, self.cache, self.capture, self.in_place = model, cache, capture, in_place
         self.batch_sizes = captured_batch_sizes(max_num_seqs)
         self.max_width = -(-max_model_len // cache.block_size)
         # The static step's inputs, laid out as ``ModelRunner.prepare`` stages a step padded to its
@@ -90,12 +97,13 @@ class DecodeGraphs:
         """``(query_len, size, padded width)`` of the static step for ``rows`` sequences of
         ``query_len`` tokens with block tables ``width`` wide: ``rows`` padded to the next captured
         batch size, ``width`` to the next power of two; None when no static step serves them (a
-        padded gather over ``MAX_GRAPH_KEYS`` keys included)."""
+        padded gather over ``MAX_GRAPH_KEYS`` keys included; the in-place kernel gathers none)."""
         size = next((b for b in self.batch_sizes if b >= rows), None)
         if size is None or rows == 0 or not 0 < query_len <= MAX_BATCHED_QUERY_LEN or width > self.max_width:
             return None
         width = min(self.max_width, 1 << max(width - 1, 0).bit_length())
-        return (query_len, size, width) if size * width * self.cache.block_size <= MAX_GRAPH_KEYS else None
+        gathered = 0 if self.in_place else size * width * self.cache.block_size  # in place: nothing gathered
+        return (query_len, size, width) if gathered <= MAX_GRAPH_KEYS else None
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """The hidden states of ``batch``, which ``ModelRunner.prepare`` padded to its
@@ -122,12 +130,12 @@ class DecodeGraphs:
             tables,
             context_lens,
             prefills=(),
-            buckets=((0, size, width),),
+            buckets=() if self.in_place else ((0, size, width),),  # the kernel reads the blocks in place
             batch_query_len=q,
             cache=self.cache,
             num_heads=self.model.config.num_attention_heads,
         )
-        return self.model.forward(ids, positions, PagedAttention(self.cache, meta))
+        return self.model.forward(ids, positions, PagedAttention(self.cache, meta, self.in_place))
 
     def _step(self, key: tuple[int, int, int]) -> Callable[[], torch.Tensor]:
         if key not in self.steps:

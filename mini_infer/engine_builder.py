@@ -11,8 +11,10 @@ apart. ``build_engine(config)`` then does, in order:
    CUDA after measuring the reserved memory of the largest step, speculative verification's
    sampled rows included, ``measure_activation_peak``),
    and allocate it once, for the draft too (chapters 04-05);
-4. on CUDA, unless ``enforce_eager``, let each model's decode steps replay CUDA graphs
-   (``decode_graphs``, chapter 05);
+4. choose how batched groups attend (``attention_backend``: SDPA over gathered blocks, or chapter
+   05c's Triton kernel reading them in place; the choice and its reason are logged), then on CUDA,
+   unless ``enforce_eager``, let each model's decode steps replay CUDA graphs (``decode_graphs``,
+   chapter 05);
    with ``tensor_parallel_size`` N > 1, steps 1, 3 and 4 happen on every rank instead: rank 0 (this
    process) starts ranks 1..N-1 and each loads its shard of the weights and allocates its part of
    the pool; a draft model runs whole on rank 0 beside its shard, with a pool of its own (chapter
@@ -30,6 +32,7 @@ apart. ``build_engine(config)`` then does, in order:
 from __future__ import annotations
 
 import importlib
+import logging
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,7 @@ from mini_infer.config import Check, ModelConfig, Rule, check_fields, checked, m
 from mini_infer.decode_graphs import DecodeGraphs
 from mini_infer.device import resolve_device, resolve_dtype
 from mini_infer.engine import LLMEngine
+from mini_infer.kv.attention_backend import ATTENTION_BACKENDS, choose_attention
 from mini_infer.kv.block_pool import BlockPool, num_blocks_for
 from mini_infer.kv.paged_attention import PagedKVCache
 from mini_infer.kv.radix_cache import RadixCache
@@ -54,6 +58,8 @@ from mini_infer.scheduler import Scheduler
 from mini_infer.speculative import SpeculativeDecoder, check_draft_vocabulary
 from mini_infer.structured_output import StructuredOutputs
 from mini_infer.tokenizer import Tokenizer
+
+_LOG = logging.getLogger(__name__)
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
@@ -70,6 +76,12 @@ def _generation_config(name: str, source: Any) -> str:
     if source in ("auto", "vllm") or (isinstance(source, str) and (Path(source) / "generation_config.json").is_file()):
         return source
     raise must_be(name, "'auto', 'vllm' or a directory holding a generation_config.json", source)
+
+
+def _attention_backend(name: str, value: Any) -> str:
+    if value not in ATTENTION_BACKENDS:
+        raise must_be(name, " or ".join(repr(b) for b in ATTENTION_BACKENDS), value)
+    return str(value)
 
 
 @dataclass(slots=True)
@@ -107,6 +119,14 @@ class EngineConfig:
         DEFAULT_NUM_SPECULATIVE_TOKENS, "guessed tokens verified per step (with a draft model)", _POSITIVE
     )
     enforce_eager: bool = _option(False, "on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
+    attention_backend: str = _option(
+        "auto",
+        "how decode and verification steps attend: 'sdpa' gathers each sequence's KV blocks, then runs SDPA; "
+        "'triton' reads them in place with chapter 05c's kernel (on a CPU through Triton's interpreter: slow); "
+        "'auto' is Triton on a CUDA GPU where it loads and passes a start-up check, else SDPA (and SDPA with "
+        "tensor parallelism)",
+        _attention_backend,
+    )
     generation_config: str = _option(
         "auto",
         "sampling defaults for what a request leaves unset: 'auto' reads the model's generation_config.json "
@@ -257,10 +277,17 @@ def load_runners(config: EngineConfig, resolved: ResolvedModels) -> list[ModelRu
     models = [load_model(d, dtype, device, config.show_progress) for d in dirs]
     num_blocks = size_kv_pool(config, models, [m.config for m in models], max_model_len)
     runners = [ModelRunner(m, PagedKVCache(m.config, num_blocks, config.block_size, dtype, device)) for m in models]
+    c = models[0].config
+    in_place, why = choose_attention(
+        config.attention_backend, device, dtype, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    )
+    _LOG.info(why)
+    for runner in runners:
+        runner.in_place_attention = in_place
     if device.type == "cuda" and not config.enforce_eager:  # decode steps replay CUDA graphs (chapter 05)
         shape = {"max_num_seqs": config.max_num_seqs, "max_model_len": max_model_len}
         for runner in runners:
-            runner.static_decode = DecodeGraphs(runner.model, runner.kv_cache, **shape, capture=True)
+            runner.static_decode = DecodeGraphs(runner.model, runner.kv_cache, **shape, capture=True, in_place=in_place)
     return runners
 
 

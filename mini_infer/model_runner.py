@@ -39,6 +39,7 @@ from torch.nn.attention import sdpa_kernel
 from mini_infer.device import to_device
 from mini_infer.kv.block_pool import num_blocks_for
 from mini_infer.kv.paged_attention import (
+    InPlaceAttention,
     PagedAttention,
     PagedAttentionMetadata,
     PagedKVCache,
@@ -135,6 +136,7 @@ class ModelRunner:
         self.device = model.device
         self.attention_kernels = sdpa_backends(model.device, model.dtype)  # chapter 02
         self.static_decode: StaticDecode | None = None  # set by the engine builder on CUDA
+        self.in_place_attention: InPlaceAttention | None = None  # chapter 05c's kernel, set by the builder
 
     def prepare(self, inputs: Sequence[SequenceInput]) -> ForwardBatch:
         batch_q = _batched_query_len(inputs)
@@ -179,7 +181,7 @@ class ModelRunner:
                 table_tensor.view(len(context_lens), width),
                 context_tensor,
                 prefills=[(n, c) for n, c, _ in prefill_rows],
-                buckets=bucket_widths([c for c, _ in group], bs),
+                buckets=[] if self.in_place_attention else bucket_widths([c for c, _ in group], bs),
                 batch_query_len=batch_q,
                 cache=self.kv_cache,
                 num_heads=self.model.config.num_attention_heads,
@@ -207,9 +209,8 @@ class ModelRunner:
                 assert self.static_decode is not None, "a batch prepared for the static step"
                 hidden = self.static_decode.run(batch)
             else:
-                hidden = self.model.forward(
-                    batch.input_ids, batch.positions, PagedAttention(self.kv_cache, batch.attention)
-                )
+                attention = PagedAttention(self.kv_cache, batch.attention, self.in_place_attention)
+                hidden = self.model.forward(batch.input_ids, batch.positions, attention)
         if not batch.num_logits:
             return torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype, device=self.device)
         return self.model.compute_logits(hidden.index_select(0, batch.logits_indices), dtype=self.model.dtype)

@@ -150,3 +150,97 @@ def test_load_kernel_names_what_is_missing(monkeypatch):
     assert "not installed" in str(triton_unavailable(torch.device("cpu")))
     with pytest.raises(RuntimeError, match="use attention_backend='sdpa'"):
         load_kernel(torch.device("cpu"))
+
+
+# --- the engine with attention_backend="triton" ----------------------------------------------------
+
+SHARED = "You are a careful assistant. Answer briefly and exactly. "
+PROMPTS = [SHARED + "What is 12 + 30?", SHARED + "Reverse: red, green, blue.", "Count to five.", SHARED + "Hi"]
+
+
+def generate_counting(backend: str, **options: object) -> tuple[list[list[int]], dict[str, int], int]:
+    """Greedy tokens of ``PROMPTS``, the engine's counters, and how many times the in-place kernel ran."""
+    from mini_infer import LLM, SamplingParams
+
+    llm = LLM("tiny", attention_backend=backend, show_progress=False, **options)  # type: ignore[arg-type]
+    runners = [llm.engine.runner] + ([llm.engine.drafter.runner] if llm.engine.drafter is not None else [])
+    calls = [0]
+    for runner in runners:
+        kernel = runner.in_place_attention
+        assert (kernel is None) == (backend == "sdpa")
+        if kernel is not None:
+
+            def counted(*args: object, kernel: object = kernel) -> torch.Tensor:
+                calls[0] += 1
+                return kernel(*args)  # type: ignore[operator]
+
+            runner.in_place_attention = counted
+    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    return [o.token_ids for o in outputs], llm.stats(), calls[0]
+
+
+def test_the_engine_gives_the_same_greedy_tokens_with_the_kernel_through_chunks_preemption_and_the_cache():
+    options = {"max_num_batched_tokens": 16, "num_kv_blocks": 9, "enable_prefix_caching": True}
+    sdpa, sdpa_stats, _ = generate_counting("sdpa", **options)
+    triton, stats, calls = generate_counting("triton", **options)
+    assert triton == sdpa
+    assert calls > 0, "the kernel never ran"
+    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_tokens"] > 0, stats  # both were exercised
+    assert sdpa_stats["num_preemptions"] == stats["num_preemptions"]
+
+
+def test_speculative_verification_runs_through_the_kernel_and_keeps_the_greedy_tokens():
+    options = {"draft_model": "tiny-draft", "num_speculative_tokens": 3}
+    sdpa, _, _ = generate_counting("sdpa", **options)
+    triton, stats, calls = generate_counting("triton", **options)
+    assert triton == sdpa and calls > 0 and stats["num_draft_tokens"] > 0
+
+
+def test_choose_attention_says_what_it_chose_and_why(monkeypatch):
+    from mini_infer.kv.attention_backend import choose_attention
+
+    cpu = torch.device("cpu")
+    assert choose_attention("sdpa", cpu, torch.float32, 14, 2, 64)[0] is None
+    kernel, why = choose_attention("auto", cpu, torch.float32, 14, 2, 64)
+    assert kernel is None and "CUDA" in why  # auto never interprets
+    kernel, why = choose_attention("triton", cpu, torch.float32, 14, 2, 64)
+    assert kernel is not None and "interpreter" in why
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "triton" else real(name))
+    with pytest.raises(ValueError, match="attention_backend='triton' cannot run here: Triton is not installed"):
+        choose_attention("triton", cpu, torch.float32, 14, 2, 64)
+
+
+def test_the_start_up_check_passes_the_kernel_and_catches_a_wrong_one():
+    from mini_infer.kv import attention_backend
+
+    kernel = load_kernel(torch.device("cpu"))
+    assert attention_backend.start_up_check(kernel, torch.device("cpu"), torch.float32, 14, 2, 64) is None
+
+    class Scaled:  # the real kernel with its softmax scale doubled
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                args = list(args)
+                args[-1] *= 2  # the last positional argument is the scale
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    failed = attention_backend.start_up_check(Scaled(), torch.device("cpu"), torch.float32, 14, 2, 64)
+    assert failed is not None and "max error" in failed
+
+
+def test_a_bad_backend_is_refused_by_name():
+    from mini_infer.engine_builder import EngineConfig
+
+    with pytest.raises(ValueError, match="attention_backend must be 'auto' or 'sdpa' or 'triton', got 'flash'"):
+        EngineConfig(model="tiny", attention_backend="flash")
+
+
+def test_tensor_parallelism_refuses_the_kernel_instead_of_ignoring_it():
+    from mini_infer import LLM
+
+    with pytest.raises(ValueError, match="ranks of a tensor-parallel engine attend with SDPA"):
+        LLM("tiny", tensor_parallel_size=2, attention_backend="triton", show_progress=False)

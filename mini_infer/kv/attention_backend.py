@@ -14,6 +14,7 @@ checks that can fail without it (``triton_unavailable``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -172,3 +173,64 @@ def reference_attention(
             .to(q.dtype)
         )
     return out
+
+
+# How far the kernel may be from the reference at start-up, per dtype (max absolute error on
+# unit-variance inputs); float16 and bfloat16 round the output itself.
+START_UP_TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def start_up_check(
+    kernel: Any, device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
+) -> str | None:
+    """Run the kernel once on a small scattered batch of the model's head layout (a decode step
+    and a verification step of 3 tokens, contexts inside one block and across several) and compare
+    it with ``reference_attention``: None when it agrees, else what went wrong."""
+    generator = torch.Generator().manual_seed(0)
+    pool = torch.randn(2, kv_heads, 12, 16, head_dim, generator=generator).to(device, dtype)
+    tables = torch.randperm(12, generator=generator)[:10].view(2, 5).to(device)
+    lens = torch.tensor([7, 70], device=device)
+    for query_len in (1, 3):
+        q = torch.randn(2 * query_len, heads, head_dim, generator=generator).to(device, dtype)
+        try:
+            got = paged_attention_triton(q, pool[0], pool[1], tables, lens, query_len, kernel=kernel)
+        except Exception as exc:  # a compiler missing a feature on this card, for example
+            return f"{type(exc).__name__}: {exc}"
+        error = (got.float() - reference_attention(q, pool[0], pool[1], tables, lens, query_len).float()).abs().max()
+        if not error <= START_UP_TOLERANCE.get(dtype, 1e-4):
+            return f"max error {error.item():.2e} against SDPA with {query_len} new token(s) in {dtype}"
+    return None
+
+
+def choose_attention(
+    backend: str, device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
+) -> tuple[Callable[..., torch.Tensor] | None, str]:
+    """What attends a batched group (``PagedAttention``'s ``in_place``): the Triton kernel, or None
+    for SDPA over gathered blocks; and a sentence saying which and why, for the engine's log.
+
+    ``"sdpa"``: SDPA. ``"triton"``: the kernel, or an error naming what is missing. ``"auto"``: the
+    kernel on a CUDA GPU where Triton loads and the start-up check passes, SDPA everywhere else.
+    """
+    if backend == "sdpa":
+        return None, "attention: SDPA over gathered blocks (attention_backend='sdpa')"
+    reason = triton_unavailable(device)
+    if backend == "triton":
+        if reason is not None:
+            raise ValueError(f"attention_backend='triton' cannot run here: {reason}; use 'sdpa' or 'auto'")
+        kernel = load_kernel(device)
+        slow = " through Triton's interpreter on the CPU: correct and very slow" if device.type == "cpu" else ""
+        return functools.partial(paged_attention_triton, kernel=kernel), f"attention: the Triton kernel{slow}"
+    if device.type != "cuda":
+        return (
+            None,
+            f"attention: SDPA (the Triton kernel serves CUDA GPUs; on {device.type} ask for 'triton' to interpret it)",
+        )
+    if reason is not None:
+        return None, f"attention: SDPA, since {reason}"
+    kernel = load_kernel(device)
+    failed = start_up_check(kernel, device, dtype, heads, kv_heads, head_dim)
+    if failed is not None:
+        return None, f"attention: SDPA, since the Triton kernel failed its start-up check ({failed})"
+    return functools.partial(
+        paged_attention_triton, kernel=kernel
+    ), "attention: the Triton kernel (start-up check passed)"

@@ -43,7 +43,7 @@ start mid-block included).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +121,7 @@ class PagedAttentionMetadata:
     block_of_slot: torch.Tensor  # [T] slot_mapping // block_size
     offset_of_slot: torch.Tensor  # [T] slot_mapping % block_size
     block_tables: torch.Tensor  # [S, max_blocks] long, prefills then the batched group, padded with block 0
+    context_lens: torch.Tensor  # [S] long, in the same order
     prefills: tuple[PrefillSpan, ...]
     batch_start: int  # first token of the batched group
     batch_query_len: int  # Q new tokens per sequence of the group
@@ -226,8 +227,22 @@ def metadata_from_tensors(
         rows = _pool_rows(block_tables[first + start : first + end, :width].reshape(-1), kv_heads, pool_blocks)
         out.append(BatchBucket(start, end, rows, folded_bias(mask[None], group, dtype)))
     return PagedAttentionMetadata(
-        slot_mapping, slot_mapping // bs, slot_mapping % bs, block_tables, tuple(spans), token, q, tuple(out)
+        slot_mapping,
+        slot_mapping // bs,
+        slot_mapping % bs,
+        block_tables,
+        context_lens,
+        tuple(spans),
+        token,
+        q,
+        tuple(out),
     )
+
+
+# Attention of a whole batched group read in place from one layer's pools (chapter 05c's Triton
+# kernel, ``kv.attention_backend.paged_attention_triton``): (q, k_pool, v_pool, block_tables,
+# context_lens, query_len) -> out. Passed in, so that this chapter imports nothing of 05c.
+InPlaceAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 class PagedAttention:
@@ -235,12 +250,16 @@ class PagedAttention:
 
     Every layer writes its new K/V into their slots, then attends each prefill span and each
     bucket of the batched group through the rows and masks the metadata already holds: nothing
-    is computed here that is the same in every layer.
+    is computed here that is the same in every layer. With ``in_place`` (chapter 05c), the batched
+    group is attended by that kernel instead, through its block tables, and its buckets are unused.
     """
 
-    def __init__(self, cache: PagedKVCache, metadata: PagedAttentionMetadata) -> None:
+    def __init__(
+        self, cache: PagedKVCache, metadata: PagedAttentionMetadata, in_place: InPlaceAttention | None = None
+    ) -> None:
         self.cache = cache
         self.meta = metadata
+        self.in_place = in_place
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta
@@ -260,7 +279,12 @@ class PagedAttention:
                 keys = _gather(k_pool, span.pool_rows)[:, None, : span.context_len]
                 values = _gather(v_pool, span.pool_rows)[:, None, : span.context_len]
                 out[rows] = folded_attention(q[rows], keys, values, span.bias)
-        q_len = meta.batch_query_len
+        q_len, first = meta.batch_query_len, len(meta.prefills)
+        if self.in_place is not None and meta.block_tables.shape[0] > first:
+            group = slice(meta.batch_start, None)
+            tables, lens = meta.block_tables[first:], meta.context_lens[first:]
+            out[group] = self.in_place(q[group], k_pool, v_pool, tables, lens, q_len)
+            return out
         for bucket in meta.buckets:
             rows = slice(meta.batch_start + bucket.start * q_len, meta.batch_start + bucket.end * q_len)
             batch = bucket.end - bucket.start  # [Hkv, B * ctx, D] -> [Hkv, B, ctx, D], a view

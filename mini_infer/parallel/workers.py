@@ -278,6 +278,11 @@ def _refuse_what_cannot_work(config: EngineConfig, model_config: ModelConfig, de
     shard_config(model_config, size)  # a size that does not divide the heads: ValueError naming them
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"tensor parallelism runs on CPUs (gloo) or CUDA GPUs (NCCL), not on {device.type}")
+    if config.attention_backend == "triton":
+        raise ValueError(
+            "the ranks of a tensor-parallel engine attend with SDPA (chapter 05c's kernel is not wired into "
+            "them): use attention_backend='sdpa' or 'auto', which means SDPA here"
+        )
     if device.type != "cuda":
         return
     if not config.enforce_eager:
