@@ -95,3 +95,55 @@ def test_store_then_attend_through_the_pool(seed):
         expected = dense_causal(q[start : start + num_new], k, v)
         torch.testing.assert_close(out[start : start + num_new], expected, atol=1e-5, rtol=1e-5)
         start += num_new
+
+
+def _split_partials(scores: torch.Tensor, values: torch.Tensor, width: int) -> tuple[torch.Tensor, ...]:
+    """Each split's running maximum, sum and unnormalised output, as chapter 05c's kernel leaves them:
+    scores ``[rows, keys]`` cut into splits of ``width`` keys."""
+    maxima, sums, outputs = [], [], []
+    for start in range(0, scores.shape[1], width):
+        part = scores[:, start : start + width]
+        top = part.amax(1, keepdim=True)
+        maxima.append(top[:, 0])
+        sums.append((part - top).exp().sum(1))
+        outputs.append((part - top).exp() @ values[start : start + width])
+    return torch.stack(maxima), torch.stack(sums), torch.stack(outputs)
+
+
+@pytest.mark.points(2)
+def test_combine_splits_gives_the_softmax_of_the_whole_context():
+    from mini_infer.kv.attention_backend import combine_splits
+
+    generator = torch.Generator().manual_seed(5)
+    # The last case has scores in the hundreds: rescaling by anything but exp(max - overall max)
+    # overflows there, as it would in a kernel.
+    for splits, rows, dim, scale in [(1, 3, 4, 1.0), (3, 2, 5, 8.0), (5, 1, 8, 40.0), (2, 2, 3, 400.0)]:
+        scores = torch.randn(rows, splits * 4, generator=generator, dtype=torch.float64) * scale
+        values = torch.randn(splits * 4, dim, generator=generator, dtype=torch.float64)
+        got = combine_splits(*_split_partials(scores, values, 4))
+        torch.testing.assert_close(got, torch.softmax(scores, 1) @ values)
+    # Leading dimensions (sequences, KV heads) pass through: [2, 3, splits, rows] -> [2, 3, rows, dim].
+    scores = torch.randn(6, 2, 12, generator=generator, dtype=torch.float64)
+    values = torch.randn(6, 12, 3, generator=generator, dtype=torch.float64)
+    parts = [_split_partials(scores[i], values[i], 4) for i in range(6)]
+    stacked = [torch.stack([p[j] for p in parts]).view(2, 3, *parts[0][j].shape) for j in range(3)]
+    expected = (torch.softmax(scores, 2) @ values).view(2, 3, 2, 3)
+    torch.testing.assert_close(combine_splits(*stacked), expected)
+
+
+@pytest.mark.points(1)
+def test_combine_splits_ignores_empty_splits_and_never_gives_nan():
+    from mini_infer.kv.attention_backend import combine_splits
+
+    scores = torch.tensor([[0.5, -1.0, 2.0, 0.0]], dtype=torch.float64)
+    values = torch.arange(8, dtype=torch.float64).view(4, 2)
+    row_max, row_sum, acc = _split_partials(scores, values, 2)
+    empty = (torch.full((1, 1), float("-inf"), dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64))
+    with_empty = (
+        torch.cat([row_max, empty[0]]),
+        torch.cat([row_sum, empty[1]]),
+        torch.cat([acc, torch.zeros(1, 1, 2, dtype=torch.float64)]),
+    )
+    torch.testing.assert_close(combine_splits(*with_empty), torch.softmax(scores, 1) @ values)
+    nothing = combine_splits(empty[0].expand(3, 1), empty[1].expand(3, 1), torch.zeros(3, 1, 2, dtype=torch.float64))
+    assert torch.equal(nothing, torch.zeros(1, 2, dtype=torch.float64)), "a row that saw no key is zeros, not NaN"
