@@ -2,6 +2,7 @@
 
     python scripts/device_check.py imports LOGS             # every import the check needs, and the machine
     python scripts/device_check.py roofline LOGS            # bandwidth and matmul peak (CUDA events)
+    python scripts/device_check.py kernel LOGS              # chapter 05c's Triton kernel: choice, parity, time
     python scripts/device_check.py bench LOGS NAME [ARGS]   # mini-infer bench offline's workloads, one at a time
     python scripts/device_check.py report LOGS OUT          # LOGS -> OUT/device_check.json and .txt
 
@@ -13,6 +14,7 @@ and the text summary from whatever is in ``LOGS`` and is run after every step.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -92,6 +94,74 @@ def roofline(logs: Path) -> int:
     return 0
 
 
+def _gather_then_sdpa(q: Any, k_pool: Any, v_pool: Any, tables: Any, lens: Any) -> Any:
+    """Chapter 05's way, for comparison: every row's blocks gathered, padded, then one SDPA call."""
+    import torch
+    import torch.nn.functional as F
+
+    kv_heads, rows, head_dim = k_pool.shape[0], tables.shape[0], k_pool.shape[-1]
+    keys = k_pool[:, tables].reshape(kv_heads, rows, -1, head_dim)
+    values = v_pool[:, tables].reshape(kv_heads, rows, -1, head_dim)
+    visible = torch.arange(keys.shape[2], device=q.device)[None, :] < lens[:, None]
+    queries = q.view(rows, kv_heads, -1, head_dim).permute(1, 0, 2, 3)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=visible[None, :, None, :])
+    return out.permute(1, 0, 2, 3).reshape(q.shape)
+
+
+def kernel(logs: Path) -> int:
+    """What ``attention_backend="auto"`` chooses on this card and why, and the Triton kernel against
+    the gather + SDPA path on one layer's decode attention: 64 sequences of 150-650 tokens at the
+    0.5B head layout, in bfloat16 and float16 (max error and median time of 50 calls each, CUDA events)."""
+    import torch
+
+    from mini_infer.kv.attention_backend import choose_attention, reference_attention
+
+    device = torch.device("cuda")
+    result: dict[str, Any] = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).removeprefix("torch.")
+        attend, why = choose_attention("auto", device, dtype, 14, 2, 64)
+        result[name] = {"chosen": why}
+        write(logs / "kernel.json", result)
+        if attend is None:
+            continue
+        generator = torch.Generator().manual_seed(0)
+        lens = torch.randint(150, 651, (64,), generator=generator)
+        width = int(-(-lens.max() // 16))
+        k_pool, v_pool = (
+            torch.randn(2, 64 * width + 1, 16, 64, generator=generator).to(device, dtype) for _ in range(2)
+        )
+        tables = torch.randperm(64 * width, generator=generator)[: 64 * width].view(64, width).to(device)
+        q = torch.randn(64, 14, 64, generator=generator).to(device, dtype)
+        lens = lens.to(device)
+
+        args = (q, k_pool, v_pool, tables, lens)
+        gathered = functools.partial(_gather_then_sdpa, *args)
+        in_place = functools.partial(attend, *args, 1)
+
+        error = (in_place().float() - reference_attention(q, k_pool, v_pool, tables, lens, 1).float()).abs().max()
+        times = {}
+        for label, function in (("gathered_us", gathered), ("in_place_us", in_place)):
+            function()
+            samples = []
+            for _ in range(50):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                function()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1e3)
+            times[label] = sorted(samples)[len(samples) // 2]
+        result[name] |= {
+            "max_error": error.item(),
+            **times,
+            "gathered_over_in_place": times["gathered_us"] / times["in_place_us"],
+        }
+        write(logs / "kernel.json", result)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def bench(logs: Path, name: str, argv: list[str]) -> int:
     """``mini-infer bench offline`` with ``argv``, its workloads run one at a time and written after
     each, with what the decode graphs did (shapes captured, shapes left eager)."""
@@ -148,7 +218,7 @@ def report(logs: Path, out: Path) -> int:
     data: dict[str, Any] = {"steps": {}}
     for status in sorted(logs.glob("step_*.json")):
         data["steps"][status.stem.removeprefix("step_")] = json.loads(status.read_text())
-    for name in ("imports", "roofline"):
+    for name in ("imports", "roofline", "kernel"):
         if (logs / f"{name}.json").is_file():
             data[name] = json.loads((logs / f"{name}.json").read_text())
     if (logs / "cuda_tests.xml").is_file():
@@ -210,6 +280,8 @@ def summary(data: dict[str, Any]) -> str:
         lines.append(f"  FAILED {failure}")
     if data.get("roofline"):
         lines.append("roofline: " + ", ".join(f"{k} {v:.1f}" for k, v in data["roofline"].items()))
+    for dtype, k in data.get("kernel", {}).items():
+        lines.append(f"kernel {dtype}: {k}")
     for name, b in data.get("bench", {}).items():
         for workload in ("throughput", "decode", "prefill"):
             if workload in b:
@@ -229,11 +301,13 @@ def main() -> int:
         return imports(logs)
     if step == "roofline":
         return roofline(logs)
+    if step == "kernel":
+        return kernel(logs)
     if step == "bench":
         return bench(logs, sys.argv[3], sys.argv[4:])
     if step == "report":
         return report(logs, Path(sys.argv[3]))
-    raise SystemExit(f"unknown step {step!r}: use imports, roofline, bench or report")
+    raise SystemExit(f"unknown step {step!r}: use imports, roofline, kernel, bench or report")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@
 #               parity, the float16 overflow models, half-precision engines under every scheduling
 #               regime (parity counts per dtype in the JSON), decode graphs, KV sizing, roofline;
 #   roofline    read bandwidth and matmul peak in bf16 and fp16, timed with CUDA events;
+#   kernel      what attention_backend="auto" chooses here and why; chapter 05c's Triton kernel
+#               against gather + SDPA on one layer's decode attention (error, time);
 #   bench_*     mini-infer bench offline on a random Qwen2.5-0.5B-shaped model against transformers
 #               on the same GPU, bf16 and fp16, with CUDA graphs and eagerly (decode graphs captured
-#               and left eager per shape); batch-1 decode against weight bytes / bandwidth.
+#               and left eager per shape), and bf16 with --attention-backend sdpa against the default
+#               (Triton where it passed its check); batch-1 decode against weight bytes / bandwidth.
 #
 # On the project's device machine, after `bash scripts/device_wheels.sh` here:
 #   command "bash scripts/device_check.sh", carry [".whl"], timeout_s 480
@@ -75,10 +78,13 @@ if [ -n "${DEVICE_CHECK_DRY_RUN:-}" ]; then  # scripts/device_dry_run.sh: instal
 fi
 run_step cuda_tests 150 $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" --junitxml "$LOGS/cuda_tests.xml"
 run_step roofline 25 $PY scripts/device_check.py roofline "$LOGS"
+run_step kernel 40 $PY scripts/device_check.py kernel "$LOGS"
 
 BENCH=(--shape qwen2.5-0.5b --device cuda --workloads throughput,decode --num-prompts 64 --output-len 64
   --decode-len 64 --repeats 1 --hf-repeats 1 --gpu-memory-utilization 0.5)
 run_step bench_bf16_graphs 60 $PY scripts/device_check.py bench "$LOGS" bf16_graphs "${BENCH[@]}" --dtype bfloat16
+run_step bench_bf16_sdpa 50 $PY scripts/device_check.py bench "$LOGS" bf16_sdpa "${BENCH[@]}" --dtype bfloat16 \
+  --skip-hf --attention-backend sdpa
 run_step bench_bf16_eager 40 $PY scripts/device_check.py bench "$LOGS" bf16_eager "${BENCH[@]}" --dtype bfloat16 \
   --skip-hf --enforce-eager
 run_step bench_fp16_graphs 60 $PY scripts/device_check.py bench "$LOGS" fp16_graphs "${BENCH[@]}" --dtype float16

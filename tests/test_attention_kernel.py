@@ -244,3 +244,15 @@ def test_tensor_parallelism_refuses_the_kernel_instead_of_ignoring_it():
 
     with pytest.raises(ValueError, match="ranks of a tensor-parallel engine attend with SDPA"):
         LLM("tiny", tensor_parallel_size=2, attention_backend="triton", show_progress=False)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_bench_offline_takes_the_attention_backend(backend):
+    import argparse
+
+    from mini_infer.bench.offline import Bench, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--shape", "tiny-test", "--device", "cpu", "--skip-hf", "--attention-backend", backend])
+    assert Bench(args).results["attention"] == backend

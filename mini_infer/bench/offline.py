@@ -39,6 +39,7 @@ from mini_infer.bench.common import (
 )
 from mini_infer.bench.roofline import Roofline, measure, median_roofline
 from mini_infer.device import resolve_device, resolve_dtype, synchronize
+from mini_infer.kv.attention_backend import ATTENTION_BACKENDS
 from mini_infer.llm import LLM
 from mini_infer.offline_models import add_random_prompt_arguments, random_model_dir, random_prompts
 from mini_infer.sampling_params import SamplingParams
@@ -76,6 +77,7 @@ class Bench:
             max_num_seqs=args.max_num_seqs,
             enable_prefix_caching=False,  # random prompts share nothing; keep the comparison plain
             enforce_eager=args.enforce_eager,
+            attention_backend=args.attention_backend,
             gpu_memory_utilization=args.gpu_memory_utilization,
             generation_config="vllm",  # greedy as transformers' baseline, whatever the model's defaults
             show_progress=False,
@@ -90,6 +92,7 @@ class Bench:
             "device": str(self.device),
             "dtype": dtype_name,
             "cuda_graphs": self.device.type == "cuda" and not args.enforce_eager,
+            "attention": "triton" if self.llm.engine.runner.in_place_attention is not None else "sdpa",
             "threads": torch.get_num_threads(),
         }
 
@@ -279,6 +282,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-repeats", type=int, default=1, help="timed runs of the baseline per workload (median)")
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
     parser.add_argument("--enforce-eager", action="store_true", help="on CUDA, no CUDA graphs for decode steps")
+    parser.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="auto",
+        help="how decode steps attend: chapter 05's gather + SDPA, chapter 05c's Triton kernel, or auto",
+    )
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,
