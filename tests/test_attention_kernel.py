@@ -256,3 +256,26 @@ def test_bench_offline_takes_the_attention_backend(backend):
     add_arguments(parser)
     args = parser.parse_args(["--shape", "tiny-test", "--device", "cpu", "--skip-hf", "--attention-backend", backend])
     assert Bench(args).results["attention"] == backend
+
+
+def test_auto_falls_back_to_sdpa_when_triton_fails_on_a_gpu(monkeypatch):
+    """On CUDA, 'auto' never fails the engine: a Triton that does not load, or a kernel that fails
+    its start-up check, means SDPA with the reason (the CUDA calls themselves are replaced here)."""
+    from mini_infer.kv import attention_backend
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(attention_backend, "triton_unavailable", lambda device: None)
+
+    def broken(device):
+        raise ImportError("libcuda.so not found")
+
+    monkeypatch.setattr(attention_backend, "load_kernel", broken)
+    kernel, why = attention_backend.choose_attention("auto", cuda, torch.float16, 14, 2, 64)
+    assert kernel is None and "Triton did not load (ImportError: libcuda.so not found)" in why
+    monkeypatch.setattr(attention_backend, "load_kernel", lambda device: object())
+    monkeypatch.setattr(attention_backend, "start_up_check", lambda *args: "max error 1.0e+00")
+    kernel, why = attention_backend.choose_attention("auto", cuda, torch.float16, 14, 2, 64)
+    assert kernel is None and "failed its start-up check (max error 1.0e+00)" in why
+    monkeypatch.setattr(attention_backend, "start_up_check", lambda *args: None)
+    kernel, why = attention_backend.choose_attention("auto", cuda, torch.float16, 14, 2, 64)
+    assert kernel is not None and "start-up check passed" in why

@@ -227,7 +227,10 @@ def choose_attention(
         )
     if reason is not None:
         return None, f"attention: SDPA, since {reason}"
-    kernel = load_kernel(device)
+    try:
+        kernel = load_kernel(device)
+    except Exception as exc:  # Triton present but unusable here (a driver or compiler problem)
+        return None, f"attention: SDPA, since Triton did not load ({type(exc).__name__}: {exc})"
     failed = start_up_check(kernel, device, dtype, heads, kv_heads, head_dim)
     if failed is not None:
         return None, f"attention: SDPA, since the Triton kernel failed its start-up check ({failed})"
