@@ -166,7 +166,11 @@ def engine_with_recording_graphs(target):
     """An engine over ``target`` whose decode steps go through DecodeGraphs set to record (CUDA's
     graph calls faked by the test), and those graphs."""
     llm = LLM(str(target), dtype="float32", num_kv_blocks=256, max_num_seqs=16, show_progress=False)
-    engine = llm.engine
+    return llm, recording_graphs(llm.engine)
+
+
+def recording_graphs(engine):
+    """Fresh DecodeGraphs set to record, installed as the engine's static decode step."""
     graphs = DecodeGraphs(
         engine.runner.model,
         engine.runner.kv_cache,
@@ -175,7 +179,7 @@ def engine_with_recording_graphs(target):
         capture=True,
     )
     engine.runner.static_decode = graphs
-    return llm, graphs
+    return graphs
 
 
 def test_an_empty_graph_fails_its_check_and_everything_runs_on_the_models_device(case, monkeypatch):
@@ -222,14 +226,7 @@ def test_a_graph_that_does_not_reproduce_the_eager_step_never_serves(case, monke
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(torch.cuda, "graph", failing_graph)
-    graphs = DecodeGraphs(
-        engine.runner.model,
-        engine.runner.kv_cache,
-        max_num_seqs=16,
-        max_model_len=engine.scheduler.max_model_len,
-        capture=True,
-    )
-    engine.runner.static_decode = graphs
+    graphs = recording_graphs(engine)
     with pytest.warns(RuntimeWarning, match="could not be recorded"):
         outputs = run_checked(engine, prompts, GREEDY)
     assert [o.token_ids for o in outputs] == expected and graphs.eager_only == set(graphs.steps)
